@@ -1,0 +1,34 @@
+# The two commands of the README: `make run` (the main job) and `make test` (the whole suite).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install --upgrade pip
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[torch,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(PY) benchmarks/bench_attention.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 tests
+
+bench: setup
+	$(PY) benchmarks/bench_attention.py --full
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,35 @@
+"""Attention kernels: pure array functions.
+
+``flash_attention`` (blockwise FlashAttention-2 with a custom VJP),
+``attention_reference`` (naive fp32 ground truth), the mask predicate, dropout,
+and the implementation registry that backends such as ``npu_backend`` plug into.
+"""
+
+from jaxckpt.attention._api import flash_attention
+from jaxckpt.attention._block_sizes import BlockSizes
+from jaxckpt.attention._dropout import dropout_mask
+from jaxckpt.attention._reference import attention_reference
+from jaxckpt.attention._registry import (
+    FEATURES,
+    Implementation,
+    available_implementations,
+    features_used,
+    implementations,
+    register_implementation,
+)
+from jaxckpt.attention._validate import AttentionInputs, normalize
+
+__all__ = [
+    "FEATURES",
+    "AttentionInputs",
+    "BlockSizes",
+    "Implementation",
+    "attention_reference",
+    "available_implementations",
+    "dropout_mask",
+    "features_used",
+    "flash_attention",
+    "implementations",
+    "normalize",
+    "register_implementation",
+]

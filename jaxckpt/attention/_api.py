@@ -1,0 +1,122 @@
+"""``flash_attention``: validate once, resolve ``implementation``, dispatch."""
+
+import jax
+
+from jaxckpt.attention._block_sizes import BlockSizes
+from jaxckpt.attention._blockwise import blockwise_attention
+from jaxckpt.attention._jax_nn import JAX_NN_FEATURES, cudnn_fits, cudnn_unavailable, jax_nn_attention
+from jaxckpt.attention._reference import reference_normalized
+from jaxckpt.attention._registry import features_used, lookup, register_implementation
+from jaxckpt.attention._validate import AttentionInputs, finish, normalize
+
+register_implementation("blockwise", blockwise_attention)
+register_implementation("reference", lambda p, block_sizes: reference_normalized(p))
+register_implementation(
+    "xla", lambda p, bs: jax_nn_attention(p, bs, implementation="xla"), supports=JAX_NN_FEATURES
+)
+register_implementation(
+    "cudnn",
+    lambda p, bs: jax_nn_attention(p, bs, implementation="cudnn"),
+    supports=JAX_NN_FEATURES - {"segments"},
+    unavailable=cudnn_unavailable,
+)
+
+
+def _auto(p: AttentionInputs) -> str:
+    """``implementation=None``: cuDNN on GPU where it accepts the call, else blockwise."""
+    if cudnn_fits(p) and not features_used(p) - lookup("cudnn", p).supports:
+        return "cudnn"
+    return "blockwise"
+
+
+def flash_attention(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    *,
+    scale=None,
+    is_causal=False,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    local_window_size=None,
+    segment_ids=None,
+    logits_soft_cap=None,
+    dropout_rate=0.0,
+    dropout_rng=None,
+    block_sizes=None,
+    implementation=None,
+    return_residual=False,
+):
+    """Attention with O(T) memory: a drop-in for ``jax.nn.dot_product_attention``.
+
+    Shapes use B batch, T query length, S key length, N query heads, K key/value
+    heads (N a multiple of K: GQA/MQA), H head dim. Every argument shared with
+    ``jax.nn.dot_product_attention`` has the same meaning there and here.
+
+    Args:
+        query: ``[B, T, N, H]`` (or ``[T, N, H]``), float32/bfloat16/float16.
+        key: ``[B, S, K, H]``.
+        value: ``[B, S, K, H]``.
+        bias: added to the logits; broadcastable to ``[B, N, T, S]``. Differentiable.
+        mask: bool, broadcastable to ``[B, N, T, S]``; True = attend.
+        scale: logit scale; default ``1 / sqrt(H)``.
+        is_causal: key ``s`` is visible from query ``t`` iff ``s <= t`` (top-left
+            alignment when T != S).
+        query_seq_lengths: int ``[B]``; rows past it see no key.
+        key_value_seq_lengths: int ``[B]``; keys past it are masked.
+        local_window_size: ``(left, right)`` or one int for both: query ``t`` sees
+            keys ``t - left .. t + right``.
+        segment_ids: packed sequences: ``(q_ids [B, T], kv_ids [B, S])``, or one
+            ``[B, T]`` array when T == S; a query sees keys of its own segment.
+        logits_soft_cap: ``cap * tanh(logits / cap)``, applied after scale and bias.
+        dropout_rate: probability of dropping an attention probability.
+        dropout_rng: a ``jax.random.key``; the mask is a pure function of
+            ``(rng, b, n, t, s)`` (see ``jaxckpt.attention.dropout_mask``).
+        block_sizes: :class:`BlockSizes` for the blockwise kernel.
+        implementation: None (auto: cuDNN on GPU where it applies, else
+            "blockwise"), "blockwise", "reference", "xla" (jax.nn), "cudnn", or a
+            name added by ``register_implementation``.
+        return_residual: also return the fp32 log-sum-exp ``[B, T, N]`` (not
+            differentiated, as in jax.nn).
+
+    Returns:
+        The output, shaped and typed like ``query``; ``(out, lse)`` with
+        ``return_residual``. A query row that sees no key gets 0 and zero gradients.
+
+    Raises:
+        ValueError: bad shapes, an unknown or unavailable implementation.
+        TypeError: bad dtypes.
+        NotImplementedError: the implementation lacks a feature the call uses.
+
+    Example:
+        >>> import jax, jaxckpt
+        >>> q = jax.random.normal(jax.random.key(0), (2, 7, 6, 16))
+        >>> kv = jax.random.normal(jax.random.key(1), (2, 7, 3, 16))
+        >>> jaxckpt.flash_attention(q, kv, kv, is_causal=True).shape
+        (2, 7, 6, 16)
+    """
+    if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
+        raise TypeError(f"block_sizes must be a jaxckpt.BlockSizes or None; got {type(block_sizes).__name__}.")
+    if implementation is not None and not isinstance(implementation, str):
+        raise TypeError(f"implementation must be a string or None; got {implementation!r}.")
+    p = normalize(
+        query,
+        key,
+        value,
+        bias,
+        mask,
+        scale=scale,
+        is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size,
+        segment_ids=segment_ids,
+        logits_soft_cap=logits_soft_cap,
+        dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng,
+    )
+    impl = lookup(implementation or _auto(p), p)
+    out, lse = impl.fn(p, block_sizes)
+    return finish(out, jax.numpy.asarray(lse), p.unbatched, return_residual)

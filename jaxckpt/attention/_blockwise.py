@@ -1,0 +1,105 @@
+"""The blockwise kernel as one ``jax.custom_vjp`` over canonical inputs.
+
+Residuals saved for the backward pass are the inputs (q, k, v, bias, the small
+mask arrays, the dropout seed), the output and the fp32 log-sum-exp: O(T), never
+T x S. The output and the lse are tagged ``Tag.ATTN_OUT`` / ``Tag.ATTN_LSE``
+inside the forward rule, so a remat policy that saves those two names keeps the
+attention forward out of the recomputation.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from jax.custom_derivatives import SymbolicZero
+
+from jaxckpt.attention import _dropout
+from jaxckpt.attention._block_sizes import BlockSizes
+from jaxckpt.attention._blockwise_bwd import backward
+from jaxckpt.attention._blockwise_fwd import forward
+from jaxckpt.attention._tiles import (
+    Tiling,
+    lse_to_rows,
+    rows_to_lse,
+    rows_to_tiles,
+    tiles_to_keys,
+    tiles_to_pairwise,
+    tiles_to_rows,
+    to_tiles,
+)
+from jaxckpt.attention._validate import MaskArrays, AttentionInputs
+from jaxckpt.remat._tags import Tag
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["q", "k", "v", "bias", "arrays", "seed", "out", "lse"],
+    meta_fields=["need_dbias"],
+)
+@dataclasses.dataclass
+class _Residuals:
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    bias: jax.Array | None
+    arrays: MaskArrays
+    seed: jax.Array | None
+    out: jax.Array
+    lse: jax.Array
+    need_dbias: bool
+
+
+def _tagged_forward(tl: Tiling, q, k, v, bias, arrays, seed):
+    out, lse = forward(tl, to_tiles(q, k, v, bias, arrays, seed, tl))
+    out = checkpoint_name(tiles_to_rows(out, tl), Tag.ATTN_OUT)
+    lse = checkpoint_name(lse_to_rows(lse, tl), Tag.ATTN_LSE)
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(tl: Tiling, q, k, v, bias, arrays: MaskArrays, seed):
+    return _tagged_forward(tl, q, k, v, bias, arrays, seed)
+
+
+def _fwd(tl: Tiling, q, k, v, bias, arrays, seed):
+    need_dbias = bias is not None and bias.perturbed
+    q, k, v, bias, arrays, seed = jax.tree.map(lambda x: x.value, (q, k, v, bias, arrays, seed))
+    out, lse = _tagged_forward(tl, q, k, v, bias, arrays, seed)
+    return (out, lse), _Residuals(q, k, v, bias, arrays, seed, out, lse, need_dbias)
+
+
+def _bwd(tl: Tiling, res: _Residuals, cts):
+    d_out = cts[0]
+    if isinstance(d_out, SymbolicZero):
+        d_out = jnp.zeros(d_out.shape, d_out.dtype)
+    d = to_tiles(res.q, res.k, res.v, res.bias, res.arrays, res.seed, tl)
+    dq, dk, dv, dbias = backward(
+        tl,
+        d,
+        rows_to_tiles(res.out, tl),
+        rows_to_lse(res.lse, tl),
+        rows_to_tiles(d_out.astype(res.q.dtype), tl),
+        res.need_dbias,
+    )
+    if dbias is not None:
+        dbias = tiles_to_pairwise(dbias, tl, res.bias.shape).astype(res.bias.dtype)
+    zeros = jax.tree.map(lambda _: None, (res.arrays, res.seed))
+    return (tiles_to_rows(dq, tl), tiles_to_keys(dk, tl), tiles_to_keys(dv, tl), dbias, *zeros)
+
+
+_attention.defvjp(_fwd, _bwd, symbolic_zeros=True)
+
+
+def blockwise_attention(p: AttentionInputs, block_sizes: BlockSizes | None = None):
+    """Blockwise attention on canonical inputs.
+
+    Returns:
+        ``(out [B, T, N, H], lse [B, N, T] fp32)``; the lse is not differentiated.
+    """
+    tl = Tiling.create(p.static, block_sizes or BlockSizes(), p.query.shape[2], p.key.shape[2])
+    seed = None if p.dropout_rng is None else _dropout.rng_seed(p.dropout_rng)
+    out, lse = _attention(tl, p.query, p.key, p.value, p.bias, p.arrays, seed)
+    return out, jax.lax.stop_gradient(lse)
+

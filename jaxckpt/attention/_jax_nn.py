@@ -1,0 +1,65 @@
+"""``jax.nn.dot_product_attention`` (XLA and cuDNN) wrapped to the jaxckpt contract.
+
+Two differences from calling jax.nn directly: segment ids become a mask, and a
+query row that sees no key returns 0 (jax.nn returns the mean of V there).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jaxckpt.attention._reference import full_mask
+from jaxckpt.attention._validate import AttentionInputs
+
+JAX_NN_FEATURES = frozenset({"bias", "mask", "causal", "lengths", "window", "segments"})
+
+
+def _segment_mask(p: AttentionInputs):
+    a = p.arrays
+    if a.q_segments is None:
+        return a.mask
+    seg = a.q_segments[:, None, :, None] == a.kv_segments[:, None, None, :]
+    return seg if a.mask is None else seg & a.mask
+
+
+def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
+    """Runs jax.nn's ``implementation`` on canonical inputs -> ``(out, lse [B, N, T])``."""
+    del block_sizes
+    st, a = p.static, p.arrays
+    out, lse = jax.nn.dot_product_attention(
+        p.query,
+        p.key,
+        p.value,
+        p.bias,
+        _segment_mask(p),
+        scale=st.scale,
+        is_causal=st.mask.is_causal,
+        query_seq_lengths=a.q_lengths,
+        key_value_seq_lengths=a.kv_lengths,
+        local_window_size=st.mask.window,
+        implementation=implementation,
+        return_residual=True,
+    )
+    seen = full_mask(p).any(-1)  # [B, N|1, T]
+    out = jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, 0).astype(p.query.dtype)
+    lse = jnp.where(seen, jnp.swapaxes(lse, 1, 2).astype(jnp.float32), -jnp.inf)
+    return out, lse
+
+
+def cudnn_unavailable() -> str | None:
+    """None on a GPU backend, else why cuDNN attention cannot run."""
+    backend = jax.default_backend()
+    return None if backend in ("gpu", "cuda") else f"cuDNN needs a GPU backend; this one is {backend!r}."
+
+
+def cudnn_fits(p: AttentionInputs) -> bool:
+    """Whether cuDNN flash attention accepts this call (used by ``implementation=None``)."""
+    h = p.query.shape[-1]
+    window = p.static.mask.window
+    window_ok = window is None or (window[1] == 0 or p.static.mask.is_causal)
+    return (
+        cudnn_unavailable() is None
+        and p.query.dtype in (jnp.bfloat16, jnp.float16)
+        and h <= 128
+        and h % 8 == 0
+        and window_ok
+    )

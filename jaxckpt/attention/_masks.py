@@ -1,0 +1,121 @@
+"""The attention mask, written once as a predicate on (query index, key index).
+
+:func:`visible` is the single definition of which key a query row may attend.
+The reference evaluates it on the full ``[B, N, T, S]`` grid; the blockwise
+forward and backward evaluate it on one ``[bq, bk]`` tile at a time. The same
+rules, lifted to whole tiles, give :func:`block_visibility`, from which the
+blockwise loops take their bounds, so fully masked tiles are never computed.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jaxckpt.attention._validate import MaskArrays, MaskConfig
+
+
+def visible(
+    cfg: MaskConfig,
+    q_idx,
+    k_idx,
+    *,
+    q_len=None,
+    kv_len=None,
+    q_seg=None,
+    kv_seg=None,
+    mask=None,
+) -> jax.Array:
+    """True where query ``q_idx`` may attend key ``k_idx``.
+
+    Every argument is an array already shaped to broadcast against the others
+    (the caller chooses the layout). Padding beyond T and S is always masked.
+
+    Args:
+        cfg: the static mask (lengths, causal, window).
+        q_idx: absolute query positions.
+        k_idx: absolute key positions.
+        q_len, kv_len: per-batch valid lengths, or None.
+        q_seg, kv_seg: segment ids of the rows and columns, or None.
+        mask: a boolean tile of the user mask (True = attend), or None.
+
+    Returns:
+        A boolean array, the broadcast of all inputs.
+    """
+    ok = (q_idx < cfg.t) & (k_idx < cfg.s)
+    if cfg.is_causal:
+        ok &= k_idx <= q_idx
+    if cfg.window is not None:
+        left, right = cfg.window
+        ok &= (k_idx >= q_idx - left) & (k_idx <= q_idx + right)
+    if q_len is not None:
+        ok &= q_idx < q_len
+    if kv_len is not None:
+        ok &= k_idx < kv_len
+    if q_seg is not None:
+        ok &= q_seg == kv_seg
+    if mask is not None:
+        ok &= mask
+    return ok
+
+
+def _segment_span(seg: jax.Array, length: int, block: int, n_blocks: int):
+    """Min and max segment id inside each block, ignoring padding: two [B, n_blocks]."""
+    pad = n_blocks * block - length
+    big = jnp.iinfo(jnp.int32).max
+    lo = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=big).reshape(seg.shape[0], n_blocks, block)
+    hi = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=-big).reshape(seg.shape[0], n_blocks, block)
+    return lo.min(-1), hi.max(-1)
+
+
+def _mask_any(mask: jax.Array, bq: int, bk: int, nq: int, nk: int) -> jax.Array:
+    """Whether any entry of each (q block, k block) tile of the user mask is True."""
+    _, _, tm, sm = mask.shape
+    pad_t = nq * bq - tm if tm > 1 else 0
+    pad_s = nk * bk - sm if sm > 1 else 0
+    m = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_t), (0, pad_s))).any((0, 1))
+    rows = (nq, bq) if tm > 1 else (1, 1)
+    cols = (nk, bk) if sm > 1 else (1, 1)
+    m = m.reshape(*rows, *cols)
+    return jnp.broadcast_to(m.any((1, 3)), (nq, nk))
+
+
+def block_visibility(cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int) -> jax.Array:
+    """Which ``[bq, bk]`` tiles hold at least one visible (query, key) pair.
+
+    Each rule of :func:`visible` is lifted to tiles conservatively: a tile marked
+    False is certainly fully masked, for every batch element and head.
+
+    Returns:
+        bool ``[nq, nk]`` with ``nq = ceil(T / bq)``, ``nk = ceil(S / bk)``.
+    """
+    nq, nk = -(-cfg.t // bq), -(-cfg.s // bk)
+    q_lo = (jnp.arange(nq) * bq)[:, None]
+    q_hi = jnp.minimum(q_lo + bq, cfg.t) - 1
+    k_lo = (jnp.arange(nk) * bk)[None, :]
+    k_hi = jnp.minimum(k_lo + bk, cfg.s) - 1
+    ok = jnp.ones((nq, nk), bool)
+    if cfg.is_causal:
+        ok &= k_lo <= q_hi
+    if cfg.window is not None:
+        left, right = cfg.window
+        ok &= (k_hi >= q_lo - left) & (k_lo <= q_hi + right)
+    if arrays.q_lengths is not None:
+        ok &= q_lo < arrays.q_lengths.max()
+    if arrays.kv_lengths is not None:
+        ok &= k_lo < arrays.kv_lengths.max()
+    if arrays.q_segments is not None:
+        qs_lo, qs_hi = _segment_span(arrays.q_segments, cfg.t, bq, nq)
+        ks_lo, ks_hi = _segment_span(arrays.kv_segments, cfg.s, bk, nk)
+        overlap = (qs_lo[:, :, None] <= ks_hi[:, None, :]) & (ks_lo[:, None, :] <= qs_hi[:, :, None])
+        ok &= overlap.any(0)
+    if arrays.mask is not None:
+        ok &= _mask_any(arrays.mask, bq, bk, nq, nk)
+    return ok
+
+
+def loop_bounds(vis: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """First and one-past-last True column of each row of ``vis``; (0, 0) for an empty row."""
+    n = vis.shape[1]
+    has = vis.any(1)
+    lo = jnp.argmax(vis, axis=1)
+    hi = n - jnp.argmax(vis[:, ::-1], axis=1)
+    return jnp.where(has, lo, 0).astype(jnp.int32), jnp.where(has, hi, 0).astype(jnp.int32)

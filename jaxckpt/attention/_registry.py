@@ -1,0 +1,120 @@
+"""The registry of attention implementations, and how ``implementation=`` resolves.
+
+An implementation is a function ``fn(inputs: AttentionInputs, block_sizes) ->
+(out [B, T, N, H], lse [B, N, T] fp32)`` plus the set of features it supports and
+a probe saying whether it can run here. Nothing falls back silently: an unknown
+name, an unavailable backend or an unsupported feature raises an error.
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+from jaxckpt.attention._validate import AttentionInputs
+
+FEATURES = frozenset({"bias", "mask", "causal", "lengths", "window", "segments", "softcap", "dropout"})
+"""Every optional feature of the contract, as :func:`features_used` names them."""
+
+
+def _always() -> str | None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One registered attention implementation.
+
+    Attributes:
+        name: the ``implementation=`` string.
+        fn: ``fn(inputs, block_sizes) -> (out, lse)`` on canonical inputs.
+        supports: the subset of :data:`FEATURES` it handles.
+        unavailable: returns None when it can run here, else the reason it cannot.
+    """
+
+    name: str
+    fn: Callable
+    supports: frozenset = FEATURES
+    unavailable: Callable[[], str | None] = _always
+
+
+_REGISTRY: dict[str, Implementation] = {}
+
+
+def register_implementation(
+    name: str,
+    fn: Callable,
+    *,
+    supports=FEATURES,
+    unavailable: Callable[[], str | None] = _always,
+) -> None:
+    """Makes ``fn`` callable as ``flash_attention(..., implementation=name)``.
+
+    Args:
+        name: the implementation string.
+        fn: ``fn(inputs: AttentionInputs, block_sizes: BlockSizes | None)`` returning
+            ``(out [B, T, N, H] in the input dtype, lse [B, N, T] float32)``. Rows
+            that see no key must return 0 (and ``lse = -inf``).
+        supports: the features of :data:`FEATURES` that ``fn`` handles; a call
+            using another raises ``NotImplementedError``.
+        unavailable: a probe returning None when ``fn`` can run on this machine,
+            else a sentence saying why not.
+
+    Example:
+        >>> from jaxckpt.attention import register_implementation, attention_reference
+        >>> from jaxckpt.attention._reference import reference_normalized
+        >>> register_implementation("my_ref", lambda inputs, bs: reference_normalized(inputs))
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty string; got {name!r}.")
+    unknown = set(supports) - FEATURES
+    if unknown:
+        raise ValueError(f"supports has unknown features {sorted(unknown)}; known: {sorted(FEATURES)}.")
+    _REGISTRY[name] = Implementation(name, fn, frozenset(supports), unavailable)
+
+
+def implementations() -> dict[str, Implementation]:
+    """A copy of the registry, name -> :class:`Implementation`."""
+    return dict(_REGISTRY)
+
+
+def available_implementations() -> list[str]:
+    """Names of the implementations that can run on this machine."""
+    return [name for name, impl in _REGISTRY.items() if impl.unavailable() is None]
+
+
+def features_used(p: AttentionInputs) -> set[str]:
+    """Which optional features a call uses (names from :data:`FEATURES`)."""
+    a, st = p.arrays, p.static
+    used = {
+        "bias": p.bias is not None,
+        "mask": a.mask is not None,
+        "causal": st.mask.is_causal,
+        "lengths": a.q_lengths is not None or a.kv_lengths is not None,
+        "window": st.mask.window is not None,
+        "segments": a.q_segments is not None,
+        "softcap": st.logits_soft_cap is not None,
+        "dropout": st.dropout_rate > 0,
+    }
+    return {name for name, on in used.items() if on}
+
+
+def lookup(name: str, p: AttentionInputs) -> Implementation:
+    """The implementation called ``name``, checked to be available and to support ``p``."""
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown implementation={name!r}; registered: {sorted(_REGISTRY)}, "
+            f"available here: {available_implementations()}."
+        )
+    impl = _REGISTRY[name]
+    reason = impl.unavailable()
+    if reason is not None:
+        raise ValueError(
+            f"implementation={name!r} is unavailable here: {reason} "
+            f"Available here: {available_implementations()}."
+        )
+    missing = features_used(p) - impl.supports
+    if missing:
+        raise NotImplementedError(
+            f"implementation={name!r} does not support {sorted(missing)}; "
+            f"use implementation='blockwise' (supports every feature)."
+        )
+    return impl

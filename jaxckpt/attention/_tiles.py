@@ -1,0 +1,212 @@
+"""Tile layout and per-tile math shared by the blockwise forward and backward.
+
+Layout. Queries are grouped by their key/value head (GQA without repeating K/V)
+and cut into ``nq`` tiles of ``bq`` rows; keys and values into ``nk`` tiles of
+``bk`` rows. The tile index is the leading axis, so fetching a tile inside a
+loop is a contiguous slice:
+
+    q    [nq, B, K, G, bq, H]      k, v  [nk, B, K, bk, H]
+    lse  [nq, B, K, G, bq]         logits of one tile  [B, K, G, bq, bk]
+
+with ``N = K * G``. Inputs whose length is not a multiple of the tile are padded;
+padded keys and rows are masked by :func:`jaxckpt.attention._masks.visible`.
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxckpt.attention import _dropout
+from jaxckpt.attention._block_sizes import BlockSizes
+from jaxckpt.attention._masks import block_visibility, visible
+from jaxckpt.attention._validate import MaskArrays, Static
+
+# dot_general dimension numbers, named by what they contract.
+QK_DIMS = (((4,), (3,)), ((0, 1), (0, 1)))  # q tile x k tile -> logits [B,K,G,bq,bk]
+PV_DIMS = (((4,), (2,)), ((0, 1), (0, 1)))  # probs x v tile -> [B,K,G,bq,H]
+KEY_SIDE_DIMS = (((2, 3), (2, 3)), ((0, 1), (0, 1)))  # probs^T x (q|dO) -> [B,K,bk,H]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """Static description of one blockwise call."""
+
+    static: Static
+    bq: int
+    bk: int
+    nq: int
+    nk: int
+    num_heads: int
+    groups: int
+
+    @classmethod
+    def create(cls, static: Static, block_sizes: BlockSizes, num_heads: int, kv_heads: int) -> "Tiling":
+        t, s = static.mask.t, static.mask.s
+        bs = block_sizes.clamp(t, s)
+        return cls(
+            static, bs.block_q, bs.block_k, -(-t // bs.block_q), -(-s // bs.block_k), num_heads, num_heads // kv_heads
+        )
+
+
+class Tiles(NamedTuple):
+    """The traced inputs of a blockwise call, in tile layout (unused fields None)."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    bias: jax.Array | None  # [Bb, Kb, Gb, Tp|1, Sp|1]
+    mask: jax.Array | None  # [Bm, Km, Gm, Tp|1, Sp|1]
+    q_len: jax.Array | None  # [B]
+    kv_len: jax.Array | None  # [B]
+    q_seg: jax.Array | None  # [nq, B, bq]
+    kv_seg: jax.Array | None  # [nk, B, bk]
+    seed: jax.Array | None  # uint32 dropout seed
+    visible: jax.Array  # bool [nq, nk]: tiles holding a visible pair (loop bounds)
+
+
+def _pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=value)
+
+
+def rows_to_tiles(x: jax.Array, tl: Tiling) -> jax.Array:
+    """``[B, T, N, H]`` (q, out, dO) -> ``[nq, B, K, G, bq, H]``."""
+    b, _, _, h = x.shape
+    x = _pad_to(x, 1, tl.nq * tl.bq).reshape(b, tl.nq, tl.bq, tl.num_heads // tl.groups, tl.groups, h)
+    return x.transpose(1, 0, 3, 4, 2, 5)
+
+
+def tiles_to_rows(x: jax.Array, tl: Tiling) -> jax.Array:
+    """Inverse of :func:`rows_to_tiles`, dropping the padding."""
+    b, h = x.shape[1], x.shape[-1]
+    x = x.transpose(1, 0, 4, 2, 3, 5).reshape(b, tl.nq * tl.bq, tl.num_heads, h)
+    return x[:, : tl.static.mask.t]
+
+
+def keys_to_tiles(x: jax.Array, tl: Tiling) -> jax.Array:
+    """``[B, S, K, H]`` (k, v) -> ``[nk, B, K, bk, H]``."""
+    b, _, kh, h = x.shape
+    return _pad_to(x, 1, tl.nk * tl.bk).reshape(b, tl.nk, tl.bk, kh, h).transpose(1, 0, 3, 2, 4)
+
+
+def tiles_to_keys(x: jax.Array, tl: Tiling) -> jax.Array:
+    """Inverse of :func:`keys_to_tiles`, dropping the padding."""
+    b, kh, h = x.shape[1], x.shape[2], x.shape[-1]
+    return x.transpose(1, 0, 3, 2, 4).reshape(b, tl.nk * tl.bk, kh, h)[:, : tl.static.mask.s]
+
+
+def lse_to_rows(lse: jax.Array, tl: Tiling) -> jax.Array:
+    """``[nq, B, K, G, bq]`` -> ``[B, N, T]``."""
+    b = lse.shape[1]
+    return lse.transpose(1, 2, 3, 0, 4).reshape(b, tl.num_heads, tl.nq * tl.bq)[..., : tl.static.mask.t]
+
+
+def rows_to_lse(lse: jax.Array, tl: Tiling) -> jax.Array:
+    """``[B, N, T]`` -> ``[nq, B, K, G, bq]``."""
+    b = lse.shape[0]
+    lse = _pad_to(lse, 2, tl.nq * tl.bq)
+    return lse.reshape(b, tl.num_heads // tl.groups, tl.groups, tl.nq, tl.bq).transpose(3, 0, 1, 2, 4)
+
+
+def tiles_to_pairwise(x: jax.Array, tl: Tiling, shape: tuple[int, ...]) -> jax.Array:
+    """Inverse of :func:`pairwise_to_tiles` back to the 4-D ``shape``, dropping padding."""
+    bx, nx, tx, sx = shape
+    return x[..., :tx, :sx].reshape(bx, nx, tx, sx)
+
+
+def pairwise_to_tiles(x: jax.Array, tl: Tiling, fill) -> jax.Array:
+    """A ``[Bx, Nx, Tx, Sx]`` mask or bias -> ``[Bx, Kx, Gx, Tp|1, Sp|1]`` (Nx is 1 or N)."""
+    bx, nx, tx, sx = x.shape
+    heads = (tl.num_heads // tl.groups, tl.groups) if nx > 1 else (1, 1)
+    x = x.reshape(bx, *heads, tx, sx)
+    if tx > 1:
+        x = _pad_to(x, 3, tl.nq * tl.bq, fill)
+    if sx > 1:
+        x = _pad_to(x, 4, tl.nk * tl.bk, fill)
+    return x
+
+
+def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
+    """Puts canonical inputs (rank-4 BTNH etc.) into tile layout."""
+
+    def seg(x, n, blk):
+        return None if x is None else _pad_to(x, 1, n * blk, -1).reshape(x.shape[0], n, blk).swapaxes(0, 1)
+
+    return Tiles(
+        q=rows_to_tiles(q, tl),
+        k=keys_to_tiles(k, tl),
+        v=keys_to_tiles(v, tl),
+        bias=None if bias is None else pairwise_to_tiles(bias, tl, 0),
+        mask=None if arrays.mask is None else pairwise_to_tiles(arrays.mask, tl, False),
+        q_len=arrays.q_lengths,
+        kv_len=arrays.kv_lengths,
+        q_seg=seg(arrays.q_segments, tl.nq, tl.bq),
+        kv_seg=seg(arrays.kv_segments, tl.nk, tl.bk),
+        seed=seed,
+        visible=block_visibility(tl.static.mask, arrays, tl.bq, tl.bk),
+    )
+
+
+def pairwise_tile_start(x: jax.Array, tl: Tiling, i, j) -> tuple:
+    """Start indices of tile (i, j) in a :func:`pairwise_to_tiles` array."""
+    return (0, 0, 0, i * tl.bq if x.shape[3] > 1 else 0, j * tl.bk if x.shape[4] > 1 else 0)
+
+
+def pairwise_tile(x: jax.Array, tl: Tiling, i, j) -> jax.Array:
+    """Tile (i, j) of a bias or mask in :func:`pairwise_to_tiles` layout."""
+    size = (*x.shape[:3], tl.bq if x.shape[3] > 1 else 1, tl.bk if x.shape[4] > 1 else 1)
+    return lax.dynamic_slice(x, pairwise_tile_start(x, tl, i, j), size)
+
+
+def _indices(tl: Tiling, i, j):
+    q_idx = i * tl.bq + lax.broadcasted_iota(jnp.int32, (tl.bq, 1), 0)
+    k_idx = j * tl.bk + lax.broadcasted_iota(jnp.int32, (1, tl.bk), 1)
+    return q_idx, k_idx
+
+
+def tile_visible(tl: Tiling, d: Tiles, i, j) -> jax.Array:
+    """The mask of tile (i, j), broadcastable to ``[B, K, G, bq, bk]``."""
+    q_idx, k_idx = _indices(tl, i, j)
+    per_batch = lambda x: None if x is None else x[:, None, None, None, None]
+    return visible(
+        tl.static.mask,
+        q_idx,
+        k_idx,
+        q_len=per_batch(d.q_len),
+        kv_len=per_batch(d.kv_len),
+        q_seg=None if d.q_seg is None else d.q_seg[i][:, None, None, :, None],
+        kv_seg=None if d.kv_seg is None else d.kv_seg[j][:, None, None, None, :],
+        mask=None if d.mask is None else pairwise_tile(d.mask, tl, i, j),
+    )
+
+
+def tile_logits(tl: Tiling, d: Tiles, i, j, q_tile, k_tile):
+    """Masked fp32 logits of tile (i, j), and ``tanh`` of the soft cap (or None).
+
+    Returns:
+        ``(logits [B,K,G,bq,bk], tanh or None)``; masked entries are ``-inf``.
+    """
+    st = tl.static
+    s = lax.dot_general(q_tile, k_tile, QK_DIMS, preferred_element_type=jnp.float32) * st.scale
+    if d.bias is not None:
+        s = s + pairwise_tile(d.bias, tl, i, j).astype(jnp.float32)
+    tanh = None
+    if st.logits_soft_cap is not None:
+        tanh = jnp.tanh(s / st.logits_soft_cap)
+        s = st.logits_soft_cap * tanh
+    return jnp.where(tile_visible(tl, d, i, j), s, -jnp.inf), tanh
+
+
+def tile_keep(tl: Tiling, d: Tiles, i, j) -> jax.Array:
+    """Dropout keep-mask of tile (i, j), ``[B, K, G, bq, bk]``."""
+    q_idx, k_idx = _indices(tl, i, j)
+    b, kh, g = d.q.shape[1], d.q.shape[2], tl.groups
+    b_idx = lax.broadcasted_iota(jnp.int32, (b, 1, 1, 1, 1), 0)
+    n_idx = lax.broadcasted_iota(jnp.int32, (1, kh, g, 1, 1), 1) * g + lax.broadcasted_iota(
+        jnp.int32, (1, kh, g, 1, 1), 2
+    )
+    return _dropout.keep(d.seed, b_idx, n_idx, q_idx, k_idx, tl.num_heads, tl.static.dropout_rate)

@@ -1,0 +1,56 @@
+"""Entry point of the ``jaxckpt`` command: one sub-parser per subcommand."""
+
+import argparse
+import json
+import sys
+
+import jax
+
+import jaxckpt
+from jaxckpt.attention import available_implementations, implementations
+
+
+def _info(args: argparse.Namespace) -> int:
+    """Prints versions, devices and the attention implementations usable here."""
+    report = {
+        "jaxckpt": jaxckpt.__version__,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "attention_implementations": {
+            name: impl.unavailable() or "available" for name, impl in implementations().items()
+        },
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for key, value in report.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for name, state in value.items():
+                print(f"  {name:<10} {state}")
+        else:
+            print(f"{key}: {value}")
+    print(f"usable here: {', '.join(available_implementations())}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``jaxckpt`` (one sub-parser per subcommand)."""
+    parser = argparse.ArgumentParser(prog="jaxckpt", description=jaxckpt.__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"jaxckpt {jaxckpt.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="versions, devices and attention implementations usable here")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.set_defaults(run=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the ``jaxckpt`` command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
