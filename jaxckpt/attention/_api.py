@@ -4,7 +4,12 @@ import jax
 
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._blockwise import blockwise_attention
-from jaxckpt.attention._jax_nn import JAX_NN_FEATURES, cudnn_fits, cudnn_unavailable, jax_nn_attention
+from jaxckpt.attention._jax_nn import (
+    JAX_NN_FEATURES,
+    cudnn_fits,
+    cudnn_unavailable,
+    jax_nn_attention,
+)
 from jaxckpt.attention._reference import reference_normalized
 from jaxckpt.attention._registry import features_used, lookup, register_implementation
 from jaxckpt.attention._validate import AttentionInputs, finish, normalize
@@ -98,7 +103,9 @@ def flash_attention(
         (2, 7, 6, 16)
     """
     if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
-        raise TypeError(f"block_sizes must be a jaxckpt.BlockSizes or None; got {type(block_sizes).__name__}.")
+        raise TypeError(
+            f"block_sizes must be a jaxckpt.BlockSizes or None; got {type(block_sizes).__name__}."
+        )
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be a string or None; got {implementation!r}.")
     p = normalize(

@@ -17,19 +17,17 @@ from jax.custom_derivatives import SymbolicZero
 
 from jaxckpt.attention import _dropout
 from jaxckpt.attention._block_sizes import BlockSizes
-from jaxckpt.attention._blockwise_bwd import backward
+from jaxckpt.attention._blockwise_bwd import backward, backward_tiles
 from jaxckpt.attention._blockwise_fwd import forward
 from jaxckpt.attention._tiles import (
     Tiling,
     lse_to_rows,
-    rows_to_lse,
-    rows_to_tiles,
-    tiles_to_keys,
+    tiles_t_to_keys,
     tiles_to_pairwise,
     tiles_to_rows,
     to_tiles,
 )
-from jaxckpt.attention._validate import MaskArrays, AttentionInputs
+from jaxckpt.attention._validate import AttentionInputs, MaskArrays
 from jaxckpt.remat._tags import Tag
 
 
@@ -75,18 +73,18 @@ def _bwd(tl: Tiling, res: _Residuals, cts):
     if isinstance(d_out, SymbolicZero):
         d_out = jnp.zeros(d_out.shape, d_out.dtype)
     d = to_tiles(res.q, res.k, res.v, res.bias, res.arrays, res.seed, tl)
-    dq, dk, dv, dbias = backward(
-        tl,
-        d,
-        rows_to_tiles(res.out, tl),
-        rows_to_lse(res.lse, tl),
-        rows_to_tiles(d_out.astype(res.q.dtype), tl),
-        res.need_dbias,
-    )
+    e = backward_tiles(tl, res.q, res.k, res.v, res.out, res.lse, d_out)
+    dq, dk_t, dv_t, dbias = backward(tl, d, e, res.need_dbias)
     if dbias is not None:
         dbias = tiles_to_pairwise(dbias, tl, res.bias.shape).astype(res.bias.dtype)
     zeros = jax.tree.map(lambda _: None, (res.arrays, res.seed))
-    return (tiles_to_rows(dq, tl), tiles_to_keys(dk, tl), tiles_to_keys(dv, tl), dbias, *zeros)
+    return (
+        tiles_to_rows(dq, tl),
+        tiles_t_to_keys(dk_t, tl),
+        tiles_t_to_keys(dv_t, tl),
+        dbias,
+        *zeros,
+    )
 
 
 _attention.defvjp(_fwd, _bwd, symbolic_zeros=True)
@@ -98,8 +96,7 @@ def blockwise_attention(p: AttentionInputs, block_sizes: BlockSizes | None = Non
     Returns:
         ``(out [B, T, N, H], lse [B, N, T] fp32)``; the lse is not differentiated.
     """
-    tl = Tiling.create(p.static, block_sizes or BlockSizes(), p.query.shape[2], p.key.shape[2])
+    tl = Tiling.create(p.static, block_sizes or BlockSizes(), p.query.shape, p.key.shape)
     seed = None if p.dropout_rng is None else _dropout.rng_seed(p.dropout_rng)
     out, lse = _attention(tl, p.query, p.key, p.value, p.bias, p.arrays, seed)
     return out, jax.lax.stop_gradient(lse)
-

@@ -4,9 +4,15 @@ Outer ``scan`` over key tiles (accumulating dK and dV in registers), inner
 ``fori_loop`` over the query tiles that see that key tile (bounds from
 ``Tiles.visible``), accumulating dQ in place. With ``delta = rowsum(dO * O)``:
 
-    P = exp(S - lse)    dV += P^T dO    dP = dO V^T    dS = P * (dP - delta)
-    dQ += dS K * scale  dK += dS^T Q * scale
+    P = exp(S - lse)    dV^T += dO^T P    dP = dO V^T    dS = P * (dP - delta)
+    dQ += dS K * scale  dK^T += Q^T dS * scale
+
+The key-side gradients are accumulated transposed (``[H, bk]``) so that every
+matmul reads its operands in their stored orientation.
 """
+
+import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,85 +20,116 @@ from jax import lax
 
 from jaxckpt.attention._masks import loop_bounds
 from jaxckpt.attention._tiles import (
-    KEY_SIDE_DIMS,
-    PV_DIMS,
-    QK_DIMS,
+    MATMUL,
     Tiles,
     Tiling,
+    keys_to_tiles,
+    keys_to_tiles_t,
     pairwise_tile,
     pairwise_tile_start,
+    rows_to_lse,
+    rows_to_tiles,
+    rows_to_tiles_t,
     tile_keep,
     tile_logits,
+    unflat,
 )
+
+
+class BackwardTiles(NamedTuple):
+    """What the backward reads besides the forward's :class:`Tiles`."""
+
+    q_t: jax.Array  # [nq, B*K, H, G*bq]
+    do: jax.Array  # [nq, B*K, G*bq, H]
+    do_t: jax.Array  # [nq, B*K, H, G*bq]
+    k: jax.Array  # [nk, B*K, bk, H]
+    v_t: jax.Array  # [nk, B*K, H, bk]
+    lse: jax.Array  # [nq, B*K, G*bq], +inf for rows seeing no key
+    delta: jax.Array  # [nq, B*K, G*bq], rowsum(dO * O)
 
 
 def _add_bias_grad(dbias: jax.Array, ds: jax.Array, tl: Tiling, i, j) -> jax.Array:
     """Adds tile (i, j) of dS, summed over the bias's broadcast axes, into dbias."""
+    ds = unflat(ds, tl)
     axes = tuple(a for a in range(5) if dbias.shape[a] == 1 and ds.shape[a] > 1)
     update = pairwise_tile(dbias, tl, i, j) + ds.sum(axes, keepdims=True)
     return lax.dynamic_update_slice(dbias, update, pairwise_tile_start(dbias, tl, i, j))
 
 
-def _q_step(tl: Tiling, d: Tiles, j, k_tile, v_tile, do, lse, delta):
-    """One query tile against key tile j: carry ``(dk, dv, dq, dbias)``."""
+def _update(tl: Tiling, d: Tiles, e: BackwardTiles, j, i, carry, *, masked: bool):
+    """Query tile i against key tile j: carry ``(dk^T, dv^T, dq, dbias)``."""
     st = tl.static
     rate = st.dropout_rate
-
-    def step(i, carry):
-        dk, dv, dq, dbias = carry
-        q_tile, do_tile = d.q[i], do[i]
-        s, tanh = tile_logits(tl, d, i, j, q_tile, k_tile)
-        p = jnp.exp(s - lse[i][..., None])
-        dp = lax.dot_general(do_tile, v_tile, QK_DIMS, preferred_element_type=jnp.float32)
-        p_used = p
-        if rate > 0:
-            keep = tile_keep(tl, d, i, j)
-            p_used = jnp.where(keep, p * (1.0 / (1.0 - rate)), 0.0)
-            dp = jnp.where(keep, dp * (1.0 / (1.0 - rate)), 0.0)
-        dv = dv + lax.dot_general(
-            p_used.astype(do_tile.dtype), do_tile, KEY_SIDE_DIMS, preferred_element_type=jnp.float32
-        )
-        ds = p * (dp - delta[i][..., None])
-        if tanh is not None:
-            ds = ds * (1.0 - tanh * tanh)
-        if dbias is not None:
-            dbias = _add_bias_grad(dbias, ds, tl, i, j)
-        ds = (ds * st.scale).astype(q_tile.dtype)
-        dq = dq.at[i].add(lax.dot_general(ds, k_tile, PV_DIMS, preferred_element_type=jnp.float32))
-        dk = dk + lax.dot_general(ds, q_tile, KEY_SIDE_DIMS, preferred_element_type=jnp.float32)
-        return dk, dv, dq, dbias
-
-    return step
+    dk_t, dv_t, dq, dbias = carry
+    q_tile, do_tile, do_t_tile = d.q[i], e.do[i], e.do_t[i]
+    s, tanh = tile_logits(tl, d, i, j, q_tile, d.k_t[j], masked)
+    p = jnp.exp(s - e.lse[i][..., None])
+    dp = lax.dot_general(do_tile, e.v_t[j], MATMUL, preferred_element_type=jnp.float32)
+    p_used = p
+    if rate > 0:
+        keep = tile_keep(tl, d, i, j)
+        p_used = jnp.where(keep, p * (1.0 / (1.0 - rate)), 0.0)
+        dp = jnp.where(keep, dp * (1.0 / (1.0 - rate)), 0.0)
+    dv_t = dv_t + lax.dot_general(
+        do_t_tile, p_used.astype(do_tile.dtype), MATMUL, preferred_element_type=jnp.float32
+    )
+    ds = p * (dp - e.delta[i][..., None])
+    if tanh is not None:
+        ds = ds * (1.0 - tanh * tanh)
+    if dbias is not None:
+        dbias = _add_bias_grad(dbias, ds, tl, i, j)
+    ds = (ds * st.scale).astype(q_tile.dtype)
+    dq = dq.at[i].add(lax.dot_general(ds, e.k[j], MATMUL, preferred_element_type=jnp.float32))
+    dk_t = dk_t + lax.dot_general(e.q_t[i], ds, MATMUL, preferred_element_type=jnp.float32)
+    return dk_t, dv_t, dq, dbias
 
 
-def backward(tl: Tiling, d: Tiles, out: jax.Array, lse: jax.Array, do: jax.Array, need_dbias: bool):
+def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
     """Blockwise attention backward, all in tile layout.
 
     Args:
         tl: the static tiling.
         d: the forward's inputs in tile layout.
-        out: forward output ``[nq, B, K, G, bq, H]``.
-        lse: forward log-sum-exp ``[nq, B, K, G, bq]`` (``-inf`` for rows seeing no key).
-        do: output cotangent, like ``out``.
+        e: the backward's extra tiles (transposes, dO, lse, delta).
         need_dbias: whether to accumulate the bias gradient.
 
     Returns:
-        ``(dq, dk, dv, dbias)`` in tile layout; ``dbias`` is None unless requested.
+        ``(dq [nq, B*K, G*bq, H], dk^T [nk, B*K, H, bk], dv^T, dbias)`` in the input
+        dtype; ``dbias`` (pairwise tile layout, fp32) is None unless requested.
     """
-    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows seeing no key: P = 0
     lo, hi = loop_bounds(d.visible.T)
-    _, b, kh, bk, h = d.k.shape
+    key_side = d.k_t.shape[1:]  # [B*K, H, bk]
     dbias0 = jnp.zeros(d.bias.shape, jnp.float32) if need_dbias else None
 
     def k_step(carry, xs):
         dq, dbias = carry
-        j, k_tile, v_tile, start, stop = xs
-        zeros = jnp.zeros((b, kh, bk, h), jnp.float32)
-        step = _q_step(tl, d, j, k_tile, v_tile, do, lse, delta)
-        dk, dv, dq, dbias = lax.fori_loop(start, stop, step, (zeros, zeros, dq, dbias))
-        return (dq, dbias), (dk.astype(d.k.dtype), dv.astype(d.v.dtype))
+        j, start, stop = xs
+        update = functools.partial(_update, tl, d, e, j)
+
+        def q_step(i, c):
+            full = functools.partial(update, masked=False)
+            return lax.cond(d.full[i, j], full, functools.partial(update, masked=True), i, c)
+
+        zeros = jnp.zeros(key_side, jnp.float32)
+        dk_t, dv_t, dq, dbias = lax.fori_loop(start, stop, q_step, (zeros, zeros, dq, dbias))
+        return (dq, dbias), (dk_t.astype(d.k_t.dtype), dv_t.astype(d.v.dtype))
 
     dq0 = jnp.zeros(d.q.shape, jnp.float32)
-    (dq, dbias), (dk, dv) = lax.scan(k_step, (dq0, dbias0), (jnp.arange(tl.nk), d.k, d.v, lo, hi))
-    return dq.astype(d.q.dtype), dk, dv, dbias
+    (dq, dbias), (dk_t, dv_t) = lax.scan(k_step, (dq0, dbias0), (jnp.arange(tl.nk), lo, hi))
+    return dq.astype(d.q.dtype), dk_t, dv_t, dbias
+
+
+def backward_tiles(tl: Tiling, q, k, v, out, lse, do) -> BackwardTiles:
+    """Builds :class:`BackwardTiles` from canonical residuals and the output cotangent."""
+    do = do.astype(q.dtype)
+    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, T, N]
+    lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows seeing no key: P = 0
+    return BackwardTiles(
+        q_t=rows_to_tiles_t(q, tl),
+        do=rows_to_tiles(do, tl),
+        do_t=rows_to_tiles_t(do, tl),
+        k=keys_to_tiles(k, tl),
+        v_t=keys_to_tiles_t(v, tl),
+        lse=rows_to_lse(lse, tl),
+        delta=rows_to_lse(jnp.swapaxes(delta, 1, 2), tl),
+    )

@@ -29,7 +29,7 @@ def rng_seed(dropout_rng) -> jax.Array:
     words = jnp.asarray(dropout_rng).astype(jnp.uint32).reshape(-1)
     seed = np.uint32(0)
     for i in range(words.shape[0]):
-        seed = _fmix32(seed ^ words[i] + _GOLDEN * np.uint32(i + 1))
+        seed = _fmix32(seed ^ (words[i] + np.uint32((int(_GOLDEN) * (i + 1)) & 0xFFFFFFFF)))
     return seed
 
 

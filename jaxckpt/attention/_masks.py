@@ -3,8 +3,9 @@
 :func:`visible` is the single definition of which key a query row may attend.
 The reference evaluates it on the full ``[B, N, T, S]`` grid; the blockwise
 forward and backward evaluate it on one ``[bq, bk]`` tile at a time. The same
-rules, lifted to whole tiles, give :func:`block_visibility`, from which the
-blockwise loops take their bounds, so fully masked tiles are never computed.
+rules, lifted to whole tiles, give :func:`classify_tiles`: the blockwise loops
+take their bounds from it, so fully masked tiles are never computed, and skip
+the mask entirely on tiles that are fully visible.
 """
 
 import jax
@@ -66,50 +67,69 @@ def _segment_span(seg: jax.Array, length: int, block: int, n_blocks: int):
     return lo.min(-1), hi.max(-1)
 
 
-def _mask_any(mask: jax.Array, bq: int, bk: int, nq: int, nk: int) -> jax.Array:
-    """Whether any entry of each (q block, k block) tile of the user mask is True."""
+def _mask_tiles(mask: jax.Array, bq: int, bk: int, nq: int, nk: int):
+    """Whether any / every entry of each tile of the user mask is True: two [nq, nk]."""
     _, _, tm, sm = mask.shape
     pad_t = nq * bq - tm if tm > 1 else 0
     pad_s = nk * bk - sm if sm > 1 else 0
-    m = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_t), (0, pad_s))).any((0, 1))
+    m = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_t), (0, pad_s)))
     rows = (nq, bq) if tm > 1 else (1, 1)
     cols = (nk, bk) if sm > 1 else (1, 1)
-    m = m.reshape(*rows, *cols)
-    return jnp.broadcast_to(m.any((1, 3)), (nq, nk))
+    m = m.reshape(*m.shape[:2], *rows, *cols)
+    tiles_any = m.any((0, 1, 3, 5))
+    tiles_all = m.all((0, 1, 3, 5))
+    return jnp.broadcast_to(tiles_any, (nq, nk)), jnp.broadcast_to(tiles_all, (nq, nk))
 
 
-def block_visibility(cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int) -> jax.Array:
-    """Which ``[bq, bk]`` tiles hold at least one visible (query, key) pair.
+def classify_tiles(cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int) -> tuple[jax.Array, jax.Array]:
+    """Which ``[bq, bk]`` tiles hold some visible pair, and which are entirely visible.
 
     Each rule of :func:`visible` is lifted to tiles conservatively: a tile marked
-    False is certainly fully masked, for every batch element and head.
+    not-any is certainly fully masked, a tile marked all is certainly fully
+    visible, for every batch element and head. The blockwise loops take their
+    bounds from the first, and skip computing the mask on tiles of the second.
 
     Returns:
-        bool ``[nq, nk]`` with ``nq = ceil(T / bq)``, ``nk = ceil(S / bk)``.
+        ``(any, all)``, bool ``[nq, nk]`` with ``nq = ceil(T / bq)``, ``nk = ceil(S / bk)``.
     """
     nq, nk = -(-cfg.t // bq), -(-cfg.s // bk)
     q_lo = (jnp.arange(nq) * bq)[:, None]
-    q_hi = jnp.minimum(q_lo + bq, cfg.t) - 1
+    q_end = q_lo + bq - 1  # last row of the tile, padding included
+    q_hi = jnp.minimum(q_end, cfg.t - 1)
     k_lo = (jnp.arange(nk) * bk)[None, :]
-    k_hi = jnp.minimum(k_lo + bk, cfg.s) - 1
-    ok = jnp.ones((nq, nk), bool)
+    k_end = k_lo + bk - 1
+    k_hi = jnp.minimum(k_end, cfg.s - 1)
+    some = jnp.ones((nq, nk), bool)
+    every = (q_end < cfg.t) & (k_end < cfg.s)
     if cfg.is_causal:
-        ok &= k_lo <= q_hi
+        some &= k_lo <= q_hi
+        every &= k_end <= q_lo
     if cfg.window is not None:
         left, right = cfg.window
-        ok &= (k_hi >= q_lo - left) & (k_lo <= q_hi + right)
+        some &= (k_hi >= q_lo - left) & (k_lo <= q_hi + right)
+        every &= (k_lo >= q_end - left) & (k_end <= q_lo + right)
     if arrays.q_lengths is not None:
-        ok &= q_lo < arrays.q_lengths.max()
+        some &= q_lo < arrays.q_lengths.max()
+        every &= q_end < arrays.q_lengths.min()
     if arrays.kv_lengths is not None:
-        ok &= k_lo < arrays.kv_lengths.max()
+        some &= k_lo < arrays.kv_lengths.max()
+        every &= k_end < arrays.kv_lengths.min()
     if arrays.q_segments is not None:
         qs_lo, qs_hi = _segment_span(arrays.q_segments, cfg.t, bq, nq)
         ks_lo, ks_hi = _segment_span(arrays.kv_segments, cfg.s, bk, nk)
-        overlap = (qs_lo[:, :, None] <= ks_hi[:, None, :]) & (ks_lo[:, None, :] <= qs_hi[:, :, None])
-        ok &= overlap.any(0)
+        qs_lo, qs_hi, ks_lo, ks_hi = (
+            qs_lo[:, :, None],
+            qs_hi[:, :, None],
+            ks_lo[:, None, :],
+            ks_hi[:, None, :],
+        )
+        some &= ((qs_lo <= ks_hi) & (ks_lo <= qs_hi)).any(0)
+        every &= ((qs_lo == qs_hi) & (ks_lo == ks_hi) & (qs_lo == ks_lo)).all(0)
     if arrays.mask is not None:
-        ok &= _mask_any(arrays.mask, bq, bk, nq, nk)
-    return ok
+        mask_any, mask_all = _mask_tiles(arrays.mask, bq, bk, nq, nk)
+        some &= mask_any
+        every &= mask_all
+    return some, every & some
 
 
 def loop_bounds(vis: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -5,11 +5,16 @@ and cut into ``nq`` tiles of ``bq`` rows; keys and values into ``nk`` tiles of
 ``bk`` rows. The tile index is the leading axis, so fetching a tile inside a
 loop is a contiguous slice:
 
-    q    [nq, B, K, G, bq, H]      k, v  [nk, B, K, bk, H]
-    lse  [nq, B, K, G, bq]         logits of one tile  [B, K, G, bq, bk]
+    q    [nq, B*K, G*bq, H]      k^T  [nk, B*K, H, bk]    v  [nk, B*K, bk, H]
+    lse  [nq, B*K, G*bq]         logits of one tile  [B*K, G*bq, bk]
 
-with ``N = K * G``. Inputs whose length is not a multiple of the tile are padded;
-padded keys and rows are masked by :func:`jaxckpt.attention._masks.visible`.
+with ``N = K * G``: every matmul is a plain batched matmul over B*K. Masks,
+bias and dropout are written per tile as ``[B, K, G, bq, bk]`` and flattened
+(:func:`flat`). Each operand is stored in the orientation its matmul reads
+(k^T for ``Q K^T``; ``(dO)^T`` and ``Q^T`` for the key-side gradients in the
+backward), so no tile of size bq x bk is ever transposed inside a loop. Inputs
+whose length is not a multiple of the tile are padded; padded keys and rows are
+masked by :func:`jaxckpt.attention._masks.visible`.
 """
 
 import dataclasses
@@ -21,13 +26,11 @@ from jax import lax
 
 from jaxckpt.attention import _dropout
 from jaxckpt.attention._block_sizes import BlockSizes
-from jaxckpt.attention._masks import block_visibility, visible
+from jaxckpt.attention._masks import classify_tiles, visible
 from jaxckpt.attention._validate import MaskArrays, Static
 
-# dot_general dimension numbers, named by what they contract.
-QK_DIMS = (((4,), (3,)), ((0, 1), (0, 1)))  # q tile x k tile -> logits [B,K,G,bq,bk]
-PV_DIMS = (((4,), (2,)), ((0, 1), (0, 1)))  # probs x v tile -> [B,K,G,bq,H]
-KEY_SIDE_DIMS = (((2, 3), (2, 3)), ((0, 1), (0, 1)))  # probs^T x (q|dO) -> [B,K,bk,H]
+# The one dot_general of the kernel: a row-major (NN) matmul batched over B*K.
+MATMUL = (((2,), (1,)), ((0,), (0,)))  # [BK, m, x] x [BK, x, n] -> [BK, m, n]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,24 +42,31 @@ class Tiling:
     bk: int
     nq: int
     nk: int
-    num_heads: int
+    batch: int
+    kv_heads: int
     groups: int
 
+    @property
+    def num_heads(self) -> int:
+        return self.kv_heads * self.groups
+
     @classmethod
-    def create(cls, static: Static, block_sizes: BlockSizes, num_heads: int, kv_heads: int) -> "Tiling":
+    def create(cls, static: Static, block_sizes: BlockSizes, query_shape, key_shape) -> "Tiling":
+        """Tiling of a call with canonical ``query [B, T, N, H]`` and ``key [B, S, K, H]``."""
         t, s = static.mask.t, static.mask.s
         bs = block_sizes.clamp(t, s)
-        return cls(
-            static, bs.block_q, bs.block_k, -(-t // bs.block_q), -(-s // bs.block_k), num_heads, num_heads // kv_heads
-        )
+        nq, nk = -(-t // bs.block_q), -(-s // bs.block_k)
+        b, _, n, _ = query_shape
+        kh = key_shape[2]
+        return cls(static, bs.block_q, bs.block_k, nq, nk, b, kh, n // kh)
 
 
 class Tiles(NamedTuple):
     """The traced inputs of a blockwise call, in tile layout (unused fields None)."""
 
-    q: jax.Array
-    k: jax.Array
-    v: jax.Array
+    q: jax.Array  # [nq, B*K, G*bq, H]
+    k_t: jax.Array  # [nk, B*K, H, bk]
+    v: jax.Array  # [nk, B*K, bk, H]
     bias: jax.Array | None  # [Bb, Kb, Gb, Tp|1, Sp|1]
     mask: jax.Array | None  # [Bm, Km, Gm, Tp|1, Sp|1]
     q_len: jax.Array | None  # [B]
@@ -65,6 +75,7 @@ class Tiles(NamedTuple):
     kv_seg: jax.Array | None  # [nk, B, bk]
     seed: jax.Array | None  # uint32 dropout seed
     visible: jax.Array  # bool [nq, nk]: tiles holding a visible pair (loop bounds)
+    full: jax.Array  # bool [nq, nk]: tiles entirely visible (no mask to compute)
 
 
 def _pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
@@ -74,42 +85,60 @@ def _pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
 
 
 def rows_to_tiles(x: jax.Array, tl: Tiling) -> jax.Array:
-    """``[B, T, N, H]`` (q, out, dO) -> ``[nq, B, K, G, bq, H]``."""
-    b, _, _, h = x.shape
-    x = _pad_to(x, 1, tl.nq * tl.bq).reshape(b, tl.nq, tl.bq, tl.num_heads // tl.groups, tl.groups, h)
-    return x.transpose(1, 0, 3, 4, 2, 5)
+    """``[B, T, N, H]`` (q, out, dO) -> ``[nq, B*K, G*bq, H]``."""
+    x = _pad_to(x, 1, tl.nq * tl.bq).reshape(tl.batch, tl.nq, tl.bq, tl.kv_heads, tl.groups, -1)
+    return x.transpose(1, 0, 3, 4, 2, 5).reshape(tl.nq, tl.batch * tl.kv_heads, tl.groups * tl.bq, -1)
+
+
+def rows_to_tiles_t(x: jax.Array, tl: Tiling) -> jax.Array:
+    """``[B, T, N, H]`` (q, dO) -> ``[nq, B*K, H, G*bq]``, the transposed tiles."""
+    return rows_to_tiles(x, tl).swapaxes(2, 3)
 
 
 def tiles_to_rows(x: jax.Array, tl: Tiling) -> jax.Array:
     """Inverse of :func:`rows_to_tiles`, dropping the padding."""
-    b, h = x.shape[1], x.shape[-1]
-    x = x.transpose(1, 0, 4, 2, 3, 5).reshape(b, tl.nq * tl.bq, tl.num_heads, h)
-    return x[:, : tl.static.mask.t]
+    x = x.reshape(tl.nq, tl.batch, tl.kv_heads, tl.groups, tl.bq, -1).transpose(1, 0, 4, 2, 3, 5)
+    return x.reshape(tl.batch, tl.nq * tl.bq, tl.num_heads, -1)[:, : tl.static.mask.t]
 
 
 def keys_to_tiles(x: jax.Array, tl: Tiling) -> jax.Array:
-    """``[B, S, K, H]`` (k, v) -> ``[nk, B, K, bk, H]``."""
-    b, _, kh, h = x.shape
-    return _pad_to(x, 1, tl.nk * tl.bk).reshape(b, tl.nk, tl.bk, kh, h).transpose(1, 0, 3, 2, 4)
+    """``[B, S, K, H]`` (k, v) -> ``[nk, B*K, bk, H]``."""
+    x = _pad_to(x, 1, tl.nk * tl.bk).reshape(tl.batch, tl.nk, tl.bk, tl.kv_heads, -1)
+    return x.transpose(1, 0, 3, 2, 4).reshape(tl.nk, tl.batch * tl.kv_heads, tl.bk, -1)
 
 
-def tiles_to_keys(x: jax.Array, tl: Tiling) -> jax.Array:
-    """Inverse of :func:`keys_to_tiles`, dropping the padding."""
-    b, kh, h = x.shape[1], x.shape[2], x.shape[-1]
-    return x.transpose(1, 0, 3, 2, 4).reshape(b, tl.nk * tl.bk, kh, h)[:, : tl.static.mask.s]
+def keys_to_tiles_t(x: jax.Array, tl: Tiling) -> jax.Array:
+    """``[B, S, K, H]`` (k, v) -> ``[nk, B*K, H, bk]``, the transposed tiles."""
+    return keys_to_tiles(x, tl).swapaxes(2, 3)
+
+
+def tiles_t_to_keys(x: jax.Array, tl: Tiling) -> jax.Array:
+    """Inverse of :func:`keys_to_tiles_t`, dropping the padding."""
+    x = x.reshape(tl.nk, tl.batch, tl.kv_heads, -1, tl.bk).transpose(1, 0, 4, 2, 3)
+    return x.reshape(tl.batch, tl.nk * tl.bk, tl.kv_heads, -1)[:, : tl.static.mask.s]
 
 
 def lse_to_rows(lse: jax.Array, tl: Tiling) -> jax.Array:
-    """``[nq, B, K, G, bq]`` -> ``[B, N, T]``."""
-    b = lse.shape[1]
-    return lse.transpose(1, 2, 3, 0, 4).reshape(b, tl.num_heads, tl.nq * tl.bq)[..., : tl.static.mask.t]
+    """``[nq, B*K, G*bq]`` -> ``[B, N, T]``."""
+    lse = lse.reshape(tl.nq, tl.batch, tl.kv_heads, tl.groups, tl.bq).transpose(1, 2, 3, 0, 4)
+    return lse.reshape(tl.batch, tl.num_heads, tl.nq * tl.bq)[..., : tl.static.mask.t]
 
 
 def rows_to_lse(lse: jax.Array, tl: Tiling) -> jax.Array:
-    """``[B, N, T]`` -> ``[nq, B, K, G, bq]``."""
-    b = lse.shape[0]
-    lse = _pad_to(lse, 2, tl.nq * tl.bq)
-    return lse.reshape(b, tl.num_heads // tl.groups, tl.groups, tl.nq, tl.bq).transpose(3, 0, 1, 2, 4)
+    """``[B, N, T]`` -> ``[nq, B*K, G*bq]``."""
+    lse = _pad_to(lse, 2, tl.nq * tl.bq).reshape(tl.batch, tl.kv_heads, tl.groups, tl.nq, tl.bq)
+    return lse.transpose(3, 0, 1, 2, 4).reshape(tl.nq, tl.batch * tl.kv_heads, tl.groups * tl.bq)
+
+
+def flat(x: jax.Array, tl: Tiling) -> jax.Array:
+    """A tile broadcastable to ``[B, K, G, bq, bk]`` -> the flat ``[B*K, G*bq, bk]``."""
+    x = jnp.broadcast_to(x, (tl.batch, tl.kv_heads, tl.groups, tl.bq, tl.bk))
+    return x.reshape(tl.batch * tl.kv_heads, tl.groups * tl.bq, tl.bk)
+
+
+def unflat(x: jax.Array, tl: Tiling) -> jax.Array:
+    """Inverse of :func:`flat` (without the broadcast)."""
+    return x.reshape(tl.batch, tl.kv_heads, tl.groups, tl.bq, tl.bk)
 
 
 def tiles_to_pairwise(x: jax.Array, tl: Tiling, shape: tuple[int, ...]) -> jax.Array:
@@ -136,9 +165,10 @@ def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
     def seg(x, n, blk):
         return None if x is None else _pad_to(x, 1, n * blk, -1).reshape(x.shape[0], n, blk).swapaxes(0, 1)
 
+    visible, full = classify_tiles(tl.static.mask, arrays, tl.bq, tl.bk)
     return Tiles(
         q=rows_to_tiles(q, tl),
-        k=keys_to_tiles(k, tl),
+        k_t=keys_to_tiles_t(k, tl),
         v=keys_to_tiles(v, tl),
         bias=None if bias is None else pairwise_to_tiles(bias, tl, 0),
         mask=None if arrays.mask is None else pairwise_to_tiles(arrays.mask, tl, False),
@@ -147,7 +177,8 @@ def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
         q_seg=seg(arrays.q_segments, tl.nq, tl.bq),
         kv_seg=seg(arrays.kv_segments, tl.nk, tl.bk),
         seed=seed,
-        visible=block_visibility(tl.static.mask, arrays, tl.bq, tl.bk),
+        visible=visible,
+        full=full,
     )
 
 
@@ -169,7 +200,7 @@ def _indices(tl: Tiling, i, j):
 
 
 def tile_visible(tl: Tiling, d: Tiles, i, j) -> jax.Array:
-    """The mask of tile (i, j), broadcastable to ``[B, K, G, bq, bk]``."""
+    """The mask of tile (i, j), broadcastable to ``[B, K, G, bq, bk]`` (flatten with :func:`flat`)."""
     q_idx, k_idx = _indices(tl, i, j)
     per_batch = lambda x: None if x is None else x[:, None, None, None, None]
     return visible(
@@ -184,29 +215,35 @@ def tile_visible(tl: Tiling, d: Tiles, i, j) -> jax.Array:
     )
 
 
-def tile_logits(tl: Tiling, d: Tiles, i, j, q_tile, k_tile):
-    """Masked fp32 logits of tile (i, j), and ``tanh`` of the soft cap (or None).
+def tile_logits(tl: Tiling, d: Tiles, i, j, q_tile, k_t_tile, masked: bool):
+    """fp32 logits of tile (i, j), and ``tanh`` of the soft cap (or None).
+
+    Args:
+        masked: apply the mask (False only for tiles known to be fully visible).
 
     Returns:
-        ``(logits [B,K,G,bq,bk], tanh or None)``; masked entries are ``-inf``.
+        ``(logits [B*K, G*bq, bk], tanh or None)``; masked entries are ``-inf``.
     """
     st = tl.static
-    s = lax.dot_general(q_tile, k_tile, QK_DIMS, preferred_element_type=jnp.float32) * st.scale
+    s = lax.dot_general(q_tile, k_t_tile, MATMUL, preferred_element_type=jnp.float32) * st.scale
     if d.bias is not None:
-        s = s + pairwise_tile(d.bias, tl, i, j).astype(jnp.float32)
+        s = s + flat(pairwise_tile(d.bias, tl, i, j), tl).astype(jnp.float32)
     tanh = None
     if st.logits_soft_cap is not None:
         tanh = jnp.tanh(s / st.logits_soft_cap)
         s = st.logits_soft_cap * tanh
-    return jnp.where(tile_visible(tl, d, i, j), s, -jnp.inf), tanh
+    if masked:
+        s = jnp.where(flat(tile_visible(tl, d, i, j), tl), s, -jnp.inf)
+    return s, tanh
 
 
 def tile_keep(tl: Tiling, d: Tiles, i, j) -> jax.Array:
-    """Dropout keep-mask of tile (i, j), ``[B, K, G, bq, bk]``."""
+    """Dropout keep-mask of tile (i, j), flat ``[B*K, G*bq, bk]``."""
     q_idx, k_idx = _indices(tl, i, j)
-    b, kh, g = d.q.shape[1], d.q.shape[2], tl.groups
+    b, kh, g = tl.batch, tl.kv_heads, tl.groups
     b_idx = lax.broadcasted_iota(jnp.int32, (b, 1, 1, 1, 1), 0)
     n_idx = lax.broadcasted_iota(jnp.int32, (1, kh, g, 1, 1), 1) * g + lax.broadcasted_iota(
         jnp.int32, (1, kh, g, 1, 1), 2
     )
-    return _dropout.keep(d.seed, b_idx, n_idx, q_idx, k_idx, tl.num_heads, tl.static.dropout_rate)
+    keep = _dropout.keep(d.seed, b_idx, n_idx, q_idx, k_idx, tl.num_heads, tl.static.dropout_rate)
+    return flat(keep, tl)

@@ -80,7 +80,9 @@ def _integer(name: str, x, shape: tuple[int, ...]) -> jax.Array:
 
 
 def _qkv(query, key, value):
-    query, key, value = (_floating(n, x) for n, x in zip(("query", "key", "value"), (query, key, value), strict=True))
+    query, key, value = (
+        _floating(n, x) for n, x in zip(("query", "key", "value"), (query, key, value), strict=True)
+    )
     ranks = {query.ndim, key.ndim, value.ndim}
     if ranks not in ({4}, {3}):
         raise ValueError(
@@ -92,7 +94,7 @@ def _qkv(query, key, value):
         query, key, value = query[None], key[None], value[None]
     if key.shape != value.shape:
         raise ValueError(f"key and value must have the same shape; got {key.shape=}, {value.shape=}.")
-    (b, t, n, h), (bk, s, k, hk) = query.shape, key.shape
+    (b, _, n, h), (bk, _, k, hk) = query.shape, key.shape
     if b != bk:
         raise ValueError(f"query and key must have the same batch size B; got {query.shape=}, {key.shape=}.")
     if h != hk:
@@ -106,8 +108,7 @@ def _qkv(query, key, value):
         )
     if not query.dtype == key.dtype == value.dtype:
         raise TypeError(
-            f"query, key and value must share one dtype; got {query.dtype=}, {key.dtype=}, "
-            f"{value.dtype=}."
+            f"query, key and value must share one dtype; got {query.dtype=}, {key.dtype=}, {value.dtype=}."
         )
     return query, key, value, unbatched
 
@@ -146,7 +147,9 @@ def _segments(segment_ids, b: int, t: int, s: int):
         return None, None
     if isinstance(segment_ids, tuple | list):
         if len(segment_ids) != 2:
-            raise ValueError(f"segment_ids must be (q_ids [B, T], kv_ids [B, S]); got {len(segment_ids)} items.")
+            raise ValueError(
+                f"segment_ids must be (q_ids [B, T], kv_ids [B, S]); got {len(segment_ids)} items."
+            )
         q_ids, kv_ids = segment_ids
     else:
         if t != s:

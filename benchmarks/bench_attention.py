@@ -1,0 +1,155 @@
+"""Attention fwd+bwd: jaxckpt.flash_attention against jax.nn.dot_product_attention.
+
+Both are timed in the same run, so the table reports ratios, never bare times.
+Memory is XLA's compiled memory analysis (temp bytes), exact and noise-free.
+GFLOP/s use the FlashAttention convention: fwd = 4*B*T*S*N*H (halved when
+causal), fwd+bwd = 3.5 x fwd; "of matmul" divides by an fp32 matmul's GFLOP/s
+measured in the same run.
+
+    python benchmarks/bench_attention.py            # T = 1024 .. 32768
+    python benchmarks/bench_attention.py --quick    # T = 1024 .. 4096
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from rich.console import Console
+from rich.table import Table
+
+import jaxckpt
+
+B, N, H = 1, 8, 64
+FULL_T = (1024, 2048, 4096, 8192, 16384, 32768)
+QUICK_T = (1024, 2048, 4096)
+RAM_FRACTION = 0.6  # skip a peer whose compiled temp needs more than this share of RAM
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _step(attn):
+    """jit(value_and_grad) of a weighted sum of the attention output, wrt q, k, v."""
+
+    def loss(q, k, v, w):
+        return jnp.sum(attn(q, k, v) * w)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+def _compile(step, t: int, dtype):
+    shape = jax.ShapeDtypeStruct((B, t, N, H), dtype)
+    return step.lower(shape, shape, shape, shape).compile()
+
+
+def _time(compiled, args, min_runs: int, min_seconds: float) -> float:
+    jax.block_until_ready(compiled(*args))  # warm-up
+    times = []
+    while len(times) < min_runs or sum(times) < min_seconds:
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_gflops(n: int = 2048, dtype=jnp.float32) -> float:
+    """GFLOP/s of one n x n x n matmul on this machine, now."""
+    a = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+    return 2 * n**3 / _time(f, (a, a), 5, 0.5) / 1e9
+
+
+def attention_flops(t: int, causal: bool) -> float:
+    """fwd+bwd FLOPs by the FlashAttention convention."""
+    fwd = 4 * B * t * t * N * H / (2 if causal else 1)
+    return 3.5 * fwd
+
+
+def bench_case(t: int, causal: bool, dtype, min_seconds: float) -> dict:
+    """One row of the table: ours vs jax.nn at sequence length t."""
+    ours = _step(lambda q, k, v: jaxckpt.flash_attention(q, k, v, is_causal=causal))
+    peer = _step(
+        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+    )
+    ours_c = _compile(ours, t, dtype)
+    peer_c = _compile(peer, t, dtype)
+    ours_temp = ours_c.memory_analysis().temp_size_in_bytes
+    peer_temp = peer_c.memory_analysis().temp_size_in_bytes
+    keys = jax.random.split(jax.random.key(t), 4)
+    args = [jax.random.normal(kk, (B, t, N, H), dtype) for kk in keys]
+    runs = 3 if t <= 4096 else 1
+    matmul = matmul_gflops()
+    ours_s = _time(ours_c, args, runs, min_seconds)
+    peer_fits = peer_temp < RAM_FRACTION * _ram_bytes()
+    peer_s = _time(peer_c, args, runs, min_seconds) if peer_fits else None
+    gflops = attention_flops(t, causal) / ours_s / 1e9
+    return {
+        "T": t,
+        "causal": causal,
+        "dtype": jnp.dtype(dtype).name,
+        "time_ratio": None if peer_s is None else ours_s / peer_s,
+        "ours_temp_mib": ours_temp / 2**20,
+        "jax_nn_temp_mib": peer_temp / 2**20,
+        "memory_ratio": ours_temp / peer_temp,
+        "gflops": gflops,
+        "matmul_gflops": matmul,
+        "fraction_of_matmul": gflops / matmul,
+        "jax_nn_ran": peer_fits,
+    }
+
+
+def _table(rows: list[dict]) -> Table:
+    table = Table(title=f"fwd+bwd attention, B={B} N={N} H={H}: jaxckpt.flash_attention vs jax.nn (xla)")
+    for col in ("T", "causal", "time ours/jax.nn", "temp MiB ours", "temp MiB jax.nn", "mem ratio"):
+        table.add_column(col, justify="right")
+    for col in ("GFLOP/s", "of matmul"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        ratio = "skipped (no fit)" if r["time_ratio"] is None else f"{r['time_ratio']:.3f}"
+        table.add_row(
+            str(r["T"]),
+            "yes" if r["causal"] else "no",
+            ratio,
+            f"{r['ours_temp_mib']:.1f}",
+            f"{r['jax_nn_temp_mib']:.1f}",
+            f"1/{1 / r['memory_ratio']:.0f}",
+            f"{r['gflops']:.1f}",
+            f"{100 * r['fraction_of_matmul']:.0f}%",
+        )
+    return table
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only T <= 4096")
+    parser.add_argument("--seq", type=int, nargs="*", help="explicit sequence lengths")
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--min-seconds", type=float, default=1.0, help="time budget per measurement")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_attention.json"))
+    args = parser.parse_args(argv)
+    seqs = args.seq or (QUICK_T if args.quick else FULL_T)
+    causals = {"both": (True, False), "yes": (True,), "no": (False,)}[args.causal]
+    console = Console()
+    rows = []
+    for t in seqs:
+        for causal in causals:
+            with console.status(f"T={t} causal={causal} ..."):
+                rows.append(bench_case(t, causal, jnp.dtype(args.dtype), args.min_seconds))
+            console.print(f"done T={t} causal={causal}: ratio={rows[-1]['time_ratio']}")
+    console.print(_table(rows))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"B": B, "N": N, "H": H, "rows": rows}, indent=2))
+    tmp.replace(args.out)
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
