@@ -5,10 +5,11 @@ Outer ``scan`` over key tiles (accumulating dK and dV in registers), inner
 ``Tiles.visible``), accumulating dQ in place. With ``delta = rowsum(dO * O)``:
 
     P = exp(S - lse)    dV^T += dO^T P    dP = dO V^T    dS = P * (dP - delta)
-    dQ += dS K * scale  dK^T += Q^T dS * scale
+    dQ += dS K          dK^T += Q^T dS       (times the scale, once, at the end)
 
 The key-side gradients are accumulated transposed (``[H, bk]``) so that every
-matmul reads its operands in their stored orientation.
+matmul reads its operands in their stored orientation, and the scale is applied
+to the small accumulators, never to a ``bq x bk`` tile.
 """
 
 import functools
@@ -78,7 +79,7 @@ def _update(tl: Tiling, d: Tiles, e: BackwardTiles, j, i, carry, *, masked: bool
         ds = ds * (1.0 - tanh * tanh)
     if dbias is not None:
         dbias = _add_bias_grad(dbias, ds, tl, i, j)
-    ds = (ds * st.scale).astype(q_tile.dtype)
+    ds = ds.astype(q_tile.dtype)
     dq = dq.at[i].add(lax.dot_general(ds, e.k[j], MATMUL, preferred_element_type=jnp.float32))
     dk_t = dk_t + lax.dot_general(e.q_t[i], ds, MATMUL, preferred_element_type=jnp.float32)
     return dk_t, dv_t, dq, dbias
@@ -112,11 +113,11 @@ def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
 
         zeros = jnp.zeros(key_side, jnp.float32)
         dk_t, dv_t, dq, dbias = lax.fori_loop(start, stop, q_step, (zeros, zeros, dq, dbias))
-        return (dq, dbias), (dk_t.astype(d.k_t.dtype), dv_t.astype(d.v.dtype))
+        return (dq, dbias), ((dk_t * tl.logit_scale).astype(d.k_t.dtype), dv_t.astype(d.v.dtype))
 
     dq0 = jnp.zeros(d.q.shape, jnp.float32)
     (dq, dbias), (dk_t, dv_t) = lax.scan(k_step, (dq0, dbias0), (jnp.arange(tl.nk), lo, hi))
-    return dq.astype(d.q.dtype), dk_t, dv_t, dbias
+    return (dq * tl.static.scale).astype(d.q.dtype), dk_t, dv_t, dbias
 
 
 def backward_tiles(tl: Tiling, q, k, v, out, lse, do) -> BackwardTiles:
@@ -125,7 +126,7 @@ def backward_tiles(tl: Tiling, q, k, v, out, lse, do) -> BackwardTiles:
     delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, T, N]
     lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows seeing no key: P = 0
     return BackwardTiles(
-        q_t=rows_to_tiles_t(q, tl),
+        q_t=rows_to_tiles_t(tl.scaled_q(q), tl),
         do=rows_to_tiles(do, tl),
         do_t=rows_to_tiles_t(do, tl),
         k=keys_to_tiles(k, tl),

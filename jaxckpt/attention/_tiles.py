@@ -18,6 +18,7 @@ masked by :func:`jaxckpt.attention._masks.visible`.
 """
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -45,20 +46,36 @@ class Tiling:
     batch: int
     kv_heads: int
     groups: int
+    prescale: bool  # q is multiplied by the scale before tiling (exact or fp32)
 
     @property
     def num_heads(self) -> int:
         return self.kv_heads * self.groups
 
+    @property
+    def logit_scale(self) -> float:
+        """The factor still applied to ``Q K^T`` inside a tile (1 once q is prescaled)."""
+        return 1.0 if self.prescale else self.static.scale
+
     @classmethod
-    def create(cls, static: Static, block_sizes: BlockSizes, query_shape, key_shape) -> "Tiling":
-        """Tiling of a call with canonical ``query [B, T, N, H]`` and ``key [B, S, K, H]``."""
+    def create(cls, static: Static, block_sizes: BlockSizes, query_shape, key_shape, dtype) -> "Tiling":
+        """Tiling of a call with canonical ``query [B, T, N, H]`` and ``key [B, S, K, H]``.
+
+        The scale is folded into q (saving a pass over every logits tile) when that
+        is exact: in fp32, or for a power-of-two scale such as 1/sqrt(64).
+        """
         t, s = static.mask.t, static.mask.s
         bs = block_sizes.clamp(t, s)
         nq, nk = -(-t // bs.block_q), -(-s // bs.block_k)
         b, _, n, _ = query_shape
         kh = key_shape[2]
-        return cls(static, bs.block_q, bs.block_k, nq, nk, b, kh, n // kh)
+        exact = math.frexp(static.scale)[0] == 0.5
+        prescale = jnp.dtype(dtype) == jnp.float32 or exact
+        return cls(static, bs.block_q, bs.block_k, nq, nk, b, kh, n // kh, prescale)
+
+    def scaled_q(self, q: jax.Array) -> jax.Array:
+        """q as the tiles hold it: multiplied by the scale when ``prescale``."""
+        return (q * jnp.asarray(self.static.scale, q.dtype)) if self.prescale else q
 
 
 class Tiles(NamedTuple):
@@ -167,7 +184,7 @@ def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
 
     visible, full = classify_tiles(tl.static.mask, arrays, tl.bq, tl.bk)
     return Tiles(
-        q=rows_to_tiles(q, tl),
+        q=rows_to_tiles(tl.scaled_q(q), tl),
         k_t=keys_to_tiles_t(k, tl),
         v=keys_to_tiles(v, tl),
         bias=None if bias is None else pairwise_to_tiles(bias, tl, 0),
@@ -225,7 +242,9 @@ def tile_logits(tl: Tiling, d: Tiles, i, j, q_tile, k_t_tile, masked: bool):
         ``(logits [B*K, G*bq, bk], tanh or None)``; masked entries are ``-inf``.
     """
     st = tl.static
-    s = lax.dot_general(q_tile, k_t_tile, MATMUL, preferred_element_type=jnp.float32) * st.scale
+    s = lax.dot_general(q_tile, k_t_tile, MATMUL, preferred_element_type=jnp.float32)
+    if tl.logit_scale != 1.0:
+        s = s * tl.logit_scale
     if d.bias is not None:
         s = s + flat(pairwise_tile(d.bias, tl, i, j), tl).astype(jnp.float32)
     tanh = None
