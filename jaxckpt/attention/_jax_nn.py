@@ -25,10 +25,15 @@ def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
     """Runs jax.nn's ``implementation`` on canonical inputs -> ``(out, lse [B, N, T])``."""
     del block_sizes
     st, a = p.static, p.arrays
+    q, k, v = p.query, p.key, p.value
+    if q.dtype == jnp.float16 and jax.default_backend() == "cpu":
+        # XLA:CPU has no F16_F16_F32 dot algorithm, which jax.nn requests for float16
+        # and which its gradient fails on; compute in float32 and round the output.
+        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     out, lse = jax.nn.dot_product_attention(
-        p.query,
-        p.key,
-        p.value,
+        q,
+        k,
+        v,
         p.bias,
         _segment_mask(p),
         scale=st.scale,

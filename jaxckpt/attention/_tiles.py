@@ -214,8 +214,9 @@ def pairwise_tile(x: jax.Array, tl: Tiling, i, j) -> jax.Array:
 
 
 def _indices(tl: Tiling, i, j):
-    q_idx = i * tl.bq + lax.broadcasted_iota(jnp.int32, (tl.bq, 1), 0)
-    k_idx = j * tl.bk + lax.broadcasted_iota(jnp.int32, (1, tl.bk), 1)
+    """Absolute query and key positions of tile (i, j), shaped ``[1,1,1,bq,1]`` / ``[1,1,1,1,bk]``."""
+    q_idx = i * tl.bq + lax.broadcasted_iota(jnp.int32, (1, 1, 1, tl.bq, 1), 3)
+    k_idx = j * tl.bk + lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, tl.bk), 4)
     return q_idx, k_idx
 
 

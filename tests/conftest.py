@@ -1,0 +1,72 @@
+"""Test configuration: strict JAX numerics, hardware auto-skips, a hypothesis profile.
+
+Markers are declared in ``pyproject.toml``. Tests marked ``gpu``, ``npu`` or
+``torch`` skip themselves when that hardware or package is absent; nothing is
+ever removed with ``--ignore``.
+"""
+
+import os
+
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+import importlib.util
+
+import jax
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+# House style: an implicit rank promotion is a bug (it hides axis mix-ups).
+jax.config.update("jax_numpy_rank_promotion", "raise")
+# Deliberately NOT set: jax_enable_checks (too slow) and
+# jax_default_matmul_precision="highest" (kernels must pass at default precision).
+
+# Default (CI): 25 examples and no shrinking. Every example compiles a kernel (~3 s), so
+# shrinking a failure could run for the 5 minutes hypothesis allows; the failing
+# Case prints in full anyway. HYPOTHESIS_PROFILE=thorough runs 300 examples and shrinks.
+settings.register_profile(
+    "jaxckpt",
+    deadline=None,  # the first example of each shape pays for XLA compilation
+    max_examples=25,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "thorough",
+    parent=settings.get_profile("jaxckpt"),
+    max_examples=300,
+    phases=tuple(Phase),
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "jaxckpt"))
+
+
+def _torch_missing() -> str | None:
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        return f"PyTorch is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def _gpu_missing() -> str | None:
+    backend = jax.default_backend()
+    return None if backend in ("gpu", "cuda", "rocm") else f"needs a GPU backend; JAX runs on {backend!r}"
+
+
+def _npu_missing() -> str | None:
+    return None if importlib.util.find_spec("torch_npu") else "needs torch_npu (an Ascend NPU)"
+
+
+_PROBES = {"gpu": _gpu_missing, "npu": _npu_missing, "torch": _torch_missing}
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons: dict[str, str | None] = {}  # probe each marker once, only if a test uses it
+    for item in items:
+        for marker, probe in _PROBES.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            if marker not in reasons:
+                reasons[marker] = probe()
+            if reasons[marker] is not None:
+                item.add_marker(pytest.mark.skip(reason=reasons[marker]))
