@@ -17,8 +17,8 @@ from jax.custom_derivatives import SymbolicZero
 
 from jaxckpt.attention import _dropout
 from jaxckpt.attention._block_sizes import BlockSizes
-from jaxckpt.attention._blockwise_bwd import backward_tiles
-from jaxckpt.attention._per_head import backward_per_head, forward_per_head
+from jaxckpt.attention._blockwise_bwd import backward, backward_tiles
+from jaxckpt.attention._blockwise_fwd import forward
 from jaxckpt.attention._tiles import (
     Tiling,
     lse_to_rows,
@@ -50,7 +50,7 @@ class _Residuals:
 
 
 def _tagged_forward(tl: Tiling, q, k, v, bias, arrays, seed):
-    out, lse = forward_per_head(tl, to_tiles(q, k, v, bias, arrays, seed, tl))
+    out, lse = forward(tl, to_tiles(q, k, v, bias, arrays, seed, tl))
     out = checkpoint_name(tiles_to_rows(out, tl), Tag.ATTN_OUT)
     lse = checkpoint_name(lse_to_rows(lse, tl), Tag.ATTN_LSE)
     return out, lse
@@ -74,7 +74,7 @@ def _bwd(tl: Tiling, res: _Residuals, cts):
         d_out = jnp.zeros(d_out.shape, d_out.dtype)
     d = to_tiles(res.q, res.k, res.v, res.bias, res.arrays, res.seed, tl)
     e = backward_tiles(tl, res.q, res.k, res.v, res.out, res.lse, d_out)
-    dq, dk_t, dv_t, dbias = backward_per_head(tl, d, e, res.need_dbias)
+    dq, dk_t, dv_t, dbias = backward(tl, d, e, res.need_dbias)
     if dbias is not None:
         dbias = tiles_to_pairwise(dbias, tl, res.bias.shape).astype(res.bias.dtype)
     zeros = jax.tree.map(lambda _: None, (res.arrays, res.seed))

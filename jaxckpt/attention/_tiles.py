@@ -47,7 +47,6 @@ class Tiling:
     kv_heads: int
     groups: int
     prescale: bool  # q is multiplied by the scale before tiling (exact or fp32)
-    total_heads: int  # N of the whole call (a per-head slice has kv_heads == 1)
 
     @property
     def num_heads(self) -> int:
@@ -72,7 +71,7 @@ class Tiling:
         kh = key_shape[2]
         exact = math.frexp(static.scale)[0] == 0.5
         prescale = jnp.dtype(dtype) == jnp.float32 or exact
-        return cls(static, bs.block_q, bs.block_k, nq, nk, b, kh, n // kh, prescale, n)
+        return cls(static, bs.block_q, bs.block_k, nq, nk, b, kh, n // kh, prescale)
 
     def scaled_q(self, q: jax.Array) -> jax.Array:
         """q as the tiles hold it: multiplied by the scale when ``prescale``."""
@@ -94,7 +93,6 @@ class Tiles(NamedTuple):
     seed: jax.Array | None  # uint32 dropout seed
     visible: jax.Array  # bool [nq, nk]: tiles holding a visible pair (loop bounds)
     full: jax.Array  # bool [nq, nk]: tiles entirely visible (no mask to compute)
-    origin: jax.Array  # int32 [2]: (batch, kv head) of the first row of B*K (0 unless sliced)
 
 
 def _pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
@@ -198,7 +196,6 @@ def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
         seed=seed,
         visible=visible,
         full=full,
-        origin=jnp.zeros(2, jnp.int32),
     )
 
 
@@ -264,8 +261,8 @@ def tile_keep(tl: Tiling, d: Tiles, i, j) -> jax.Array:
     """Dropout keep-mask of tile (i, j), flat ``[B*K, G*bq, bk]``."""
     q_idx, k_idx = _indices(tl, i, j)
     b, kh, g = tl.batch, tl.kv_heads, tl.groups
-    b_idx = d.origin[0] + lax.broadcasted_iota(jnp.int32, (b, 1, 1, 1, 1), 0)
-    kh_idx = d.origin[1] + lax.broadcasted_iota(jnp.int32, (1, kh, g, 1, 1), 1)
+    b_idx = lax.broadcasted_iota(jnp.int32, (b, 1, 1, 1, 1), 0)
+    kh_idx = lax.broadcasted_iota(jnp.int32, (1, kh, g, 1, 1), 1)
     n_idx = kh_idx * g + lax.broadcasted_iota(jnp.int32, (1, kh, g, 1, 1), 2)
-    keep = _dropout.keep(d.seed, b_idx, n_idx, q_idx, k_idx, tl.total_heads, tl.static.dropout_rate)
+    keep = _dropout.keep(d.seed, b_idx, n_idx, q_idx, k_idx, tl.num_heads, tl.static.dropout_rate)
     return flat(keep, tl)
