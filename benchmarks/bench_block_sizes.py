@@ -1,8 +1,9 @@
 """Block-size sweep of the blockwise kernel: how BlockSizes' defaults were chosen.
 
 For each (block_q, block_k) it times the forward and the fwd+bwd step of causal
-attention, and reports both relative to the current default measured in the
-same run (lower is better), plus GFLOP/s as a fraction of a same-run matmul.
+attention, and reports both relative to the current default timed right beside
+it (lower is better: paired ratios cancel the machine's drift), plus GFLOP/s as
+a fraction of a same-run matmul.
 
     python benchmarks/bench_block_sizes.py --seq 4096
 """
@@ -39,12 +40,12 @@ def main(argv=None) -> None:
     t = args.seq
     inputs = [jax.random.normal(jax.random.key(i), (B, t, N, H)) for i in range(4)]
     default = jaxckpt.BlockSizes()
-    base_fwd, base_step = _times(t, args.causal, default, inputs)
     matmul = matmul_gflops()
     rows = []
     console = Console(width=120)
     for bq, bk in itertools.product(SIZES, SIZES):
         with console.status(f"block_q={bq} block_k={bk}"):
+            base_fwd, base_step = _times(t, args.causal, default, inputs)
             fwd, step = _times(t, args.causal, jaxckpt.BlockSizes(bq, bk), inputs)
         rows.append(
             {
