@@ -81,6 +81,37 @@ def test_saving_the_tags_skips_the_forward_recompute():
     assert loops["save_attn"] == loops["no_checkpoint"] < loops["nothing"], loops
 
 
+def _dot_flops(eqn) -> int:
+    (contract, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval.shape
+    return 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(np.prod([lhs[d] for d in contract]))
+
+
+def _loop_flops(jaxpr, in_loop: bool = False) -> int:
+    """Matmul FLOPs of one trip through every loop body (the attention kernels' tile steps)."""
+    flops = 0
+    for eqn in jaxpr.eqns:
+        if in_loop and eqn.primitive.name == "dot_general":
+            flops += _dot_flops(eqn)
+        inner = in_loop or eqn.primitive.name in LOOPS
+        for sub in jaxprs_in_params(eqn.params):
+            flops += _loop_flops(sub, inner)
+    return flops
+
+
+def test_saving_the_tags_saves_exactly_the_forward_flops():
+    """Per tile step: save_attn costs what no remat costs; nothing_saveable adds a forward."""
+    args = _args()
+    step = {
+        name: _loop_flops(jax.make_jaxpr(jax.grad(fn, argnums=(1, 2)))(*args).jaxpr)
+        for name, fn in _variants().items()
+    }
+    forward = _loop_flops(jax.make_jaxpr(_model)(*args).jaxpr)
+    assert forward > 0
+    assert step["save_attn"] == step["no_checkpoint"], step
+    assert step["nothing"] == step["no_checkpoint"] + forward, (step, forward)
+
+
 def test_gradients_are_the_same_under_every_policy():
     grads = {name: jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(*_args()) for name, fn in _variants().items()}
     for name in POLICIES:
