@@ -3,8 +3,9 @@
 Both are timed in the same run, so the table reports ratios, never bare times.
 Memory is XLA's compiled memory analysis (temp bytes), exact and noise-free.
 GFLOP/s use the FlashAttention convention: fwd = 4*B*T*S*N*H (halved when
-causal), fwd+bwd = 3.5 x fwd; "of matmul" divides by the better of two fp32
-2048^3 matmul measurements taken just before and just after each case.
+causal), fwd+bwd = 3.5 x fwd; "of matmul" divides by the better of two
+2048^3 matmul measurements (in the benchmark's dtype) taken just before and
+just after each case.
 
     python benchmarks/bench_attention.py            # T = 1024 .. 32768
     python benchmarks/bench_attention.py --quick    # T = 1024 .. 4096
@@ -91,11 +92,11 @@ def bench_case(t: int, causal: bool, dtype, min_seconds: float) -> dict:
     small = t <= 4096
     runs = 3 if small else 1
     budget = min_seconds if small else 0.0
-    matmul_before = matmul_gflops()
+    matmul_before = matmul_gflops(dtype=dtype)
     ours_s = time_compiled(ours_c, args, runs, budget, warmup=small)
     peer_fits = peer_temp < RAM_FRACTION * _ram_bytes()
     peer_s = time_compiled(peer_c, args, runs, budget, warmup=small) if peer_fits else None
-    matmul = max(matmul_before, matmul_gflops())  # the best of two: a strict denominator
+    matmul = max(matmul_before, matmul_gflops(dtype=dtype))  # best of two: a strict denominator
     gflops = attention_flops(t, causal) / ours_s / 1e9
     return {
         "T": t,
@@ -113,7 +114,9 @@ def bench_case(t: int, causal: bool, dtype, min_seconds: float) -> dict:
 
 
 def _table(rows: list[dict]) -> Table:
-    table = Table(title=f"fwd+bwd attention, B={B} N={N} H={H}: jaxckpt.flash_attention vs jax.nn (xla)")
+    dtype = rows[0]["dtype"] if rows else ""
+    title = f"fwd+bwd attention, B={B} N={N} H={H} {dtype}: jaxckpt.flash_attention vs jax.nn (xla)"
+    table = Table(title=title)
     for col in ("T", "causal", "time ours/jax.nn", "temp MiB ours", "temp MiB jax.nn", "mem ratio"):
         table.add_column(col, justify="right")
     for col in ("GFLOP/s", "of matmul"):
