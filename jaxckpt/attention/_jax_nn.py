@@ -1,7 +1,8 @@
 """``jax.nn.dot_product_attention`` (XLA and cuDNN) wrapped to the jaxckpt contract.
 
-Two differences from calling jax.nn directly: segment ids become a mask, and a
-query row that sees no key returns 0 (jax.nn returns the mean of V there).
+Two differences from calling jax.nn directly: segment ids become a mask (the
+whole :func:`visible` predicate, evaluated by the reference's ``full_mask``), and
+a query row that sees no key returns 0 (jax.nn returns the mean of V there).
 """
 
 import jax
@@ -13,19 +14,12 @@ from jaxckpt.attention._validate import AttentionInputs
 JAX_NN_FEATURES = frozenset({"bias", "mask", "causal", "lengths", "window", "segments"})
 
 
-def _segment_mask(p: AttentionInputs):
-    a = p.arrays
-    if a.q_segments is None:
-        return a.mask
-    seg = a.q_segments[:, None, :, None] == a.kv_segments[:, None, None, :]
-    return seg if a.mask is None else seg & a.mask
-
-
 def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
     """Runs jax.nn's ``implementation`` on canonical inputs -> ``(out, lse [B, N, T])``."""
     del block_sizes
     st, a = p.static, p.arrays
     q, k, v = p.query, p.key, p.value
+    vis = full_mask(p)  # [B|1, N|1, T, S]
     if q.dtype == jnp.float16 and jax.default_backend() == "cpu":
         # XLA:CPU has no F16_F16_F32 dot algorithm, which jax.nn requests for float16
         # and which its gradient fails on; compute in float32 and round the output.
@@ -35,7 +29,7 @@ def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
         k,
         v,
         p.bias,
-        _segment_mask(p),
+        a.mask if a.q_segments is None else vis,
         scale=st.scale,
         is_causal=st.mask.is_causal,
         query_seq_lengths=a.q_lengths,
@@ -44,7 +38,7 @@ def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
         implementation=implementation,
         return_residual=True,
     )
-    seen = full_mask(p).any(-1)  # [B, N|1, T]
+    seen = vis.any(-1)  # [B|1, N|1, T]
     out = jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, 0).astype(p.query.dtype)
     lse = jnp.where(seen, jnp.swapaxes(lse, 1, 2).astype(jnp.float32), -jnp.inf)
     return out, lse
