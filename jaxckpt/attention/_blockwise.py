@@ -96,7 +96,9 @@ def blockwise_attention(p: AttentionInputs, block_sizes: BlockSizes | None = Non
     Returns:
         ``(out [B, T, N, H], lse [B, N, T] fp32)``; the lse is not differentiated.
     """
-    tl = Tiling.create(p.static, block_sizes or BlockSizes(), p.query.shape, p.key.shape, p.query.dtype)
+    if block_sizes is None:
+        block_sizes = BlockSizes.auto(p.query.shape[0] * p.query.shape[2])
+    tl = Tiling.create(p.static, block_sizes, p.query.shape, p.key.shape, p.query.dtype)
     seed = None if p.dropout_rng is None else _dropout.rng_seed(p.dropout_rng)
     out, lse = _attention(tl, p.query, p.key, p.value, p.bias, p.arrays, seed)
     return out, jax.lax.stop_gradient(lse)
