@@ -24,8 +24,10 @@ from jaxckpt.attention._tiles import (
     MATMUL,
     Tiles,
     Tiling,
+    dropped,
     keys_to_tiles,
     keys_to_tiles_t,
+    mask_only_if_needed,
     pairwise_tile,
     pairwise_tile_start,
     rows_to_lse,
@@ -69,8 +71,7 @@ def _update(tl: Tiling, d: Tiles, e: BackwardTiles, j, i, carry, *, masked: bool
     p_used = p
     if rate > 0:
         keep = tile_keep(tl, d, i, j)
-        p_used = jnp.where(keep, p * (1.0 / (1.0 - rate)), 0.0)
-        dp = jnp.where(keep, dp * (1.0 / (1.0 - rate)), 0.0)
+        p_used, dp = dropped(tl, keep, p), dropped(tl, keep, dp)
     dv_t = dv_t + lax.dot_general(
         do_t_tile, p_used.astype(do_tile.dtype), MATMUL, preferred_element_type=jnp.float32
     )
@@ -108,8 +109,7 @@ def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
         update = functools.partial(_update, tl, d, e, j)
 
         def q_step(i, c):
-            full = functools.partial(update, masked=False)
-            return lax.cond(d.full[i, j], full, functools.partial(update, masked=True), i, c)
+            return mask_only_if_needed(d, i, j, update, i, c)
 
         zeros = jnp.zeros(key_side, jnp.float32)
         dk_t, dv_t, dq, dbias = lax.fori_loop(start, stop, q_step, (zeros, zeros, dq, dbias))

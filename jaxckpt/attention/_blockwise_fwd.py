@@ -13,7 +13,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxckpt.attention._masks import loop_bounds
-from jaxckpt.attention._tiles import MATMUL, Tiles, Tiling, tile_keep, tile_logits
+from jaxckpt.attention._tiles import (
+    MATMUL,
+    Tiles,
+    Tiling,
+    dropped,
+    mask_only_if_needed,
+    tile_keep,
+    tile_logits,
+)
 
 
 def _update(tl: Tiling, d: Tiles, i, q_tile, j, carry, *, masked: bool):
@@ -27,7 +35,7 @@ def _update(tl: Tiling, d: Tiles, i, q_tile, j, carry, *, masked: bool):
     alpha = jnp.exp(m_prev - m_safe)
     l_new = alpha * l_prev + p.sum(-1)
     if rate > 0:
-        p = jnp.where(tile_keep(tl, d, i, j), p * (1.0 / (1.0 - rate)), 0.0)
+        p = dropped(tl, tile_keep(tl, d, i, j), p)
     v_tile = d.v[j]
     pv = lax.dot_general(p.astype(v_tile.dtype), v_tile, MATMUL, preferred_element_type=jnp.float32)
     return m_new, l_new, alpha[..., None] * acc + pv
@@ -49,8 +57,7 @@ def forward(tl: Tiling, d: Tiles) -> tuple[jax.Array, jax.Array]:
         update = functools.partial(_update, tl, d, i, q_tile)
 
         def kv_step(j, carry):
-            full = functools.partial(update, masked=False)
-            return lax.cond(d.full[i, j], full, functools.partial(update, masked=True), j, carry)
+            return mask_only_if_needed(d, i, j, update, j, carry)
 
         init = (
             jnp.full(stat_shape, -jnp.inf, jnp.float32),

@@ -18,6 +18,7 @@ masked by :func:`jaxckpt.attention._masks.visible`.
 """
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -266,3 +267,14 @@ def tile_keep(tl: Tiling, d: Tiles, i, j) -> jax.Array:
     n_idx = kh_idx * g + lax.broadcasted_iota(jnp.int32, (1, kh, g, 1, 1), 2)
     keep = _dropout.keep(d.seed, b_idx, n_idx, q_idx, k_idx, tl.num_heads, tl.static.dropout_rate)
     return flat(keep, tl)
+
+
+def dropped(tl: Tiling, keep: jax.Array, x: jax.Array) -> jax.Array:
+    """``x`` with dropout applied: kept entries scaled by ``1 / (1 - rate)``, others 0."""
+    return jnp.where(keep, x * (1.0 / (1.0 - tl.static.dropout_rate)), 0.0)
+
+
+def mask_only_if_needed(d: Tiles, i, j, update, loop_index, carry):
+    """``update(loop_index, carry, masked=...)``, unmasked on tiles marked ``Tiles.full``."""
+    unmasked = functools.partial(update, masked=False)
+    return lax.cond(d.full[i, j], unmasked, functools.partial(update, masked=True), loop_index, carry)
