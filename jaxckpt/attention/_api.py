@@ -11,7 +11,7 @@ from jaxckpt.attention._jax_nn import (
     jax_nn_attention,
 )
 from jaxckpt.attention._reference import reference_normalized
-from jaxckpt.attention._registry import features_used, lookup, register_implementation
+from jaxckpt.attention._registry import features_used, implementations, lookup, register_implementation
 from jaxckpt.attention._validate import AttentionInputs, finish, normalize
 
 register_implementation("blockwise", blockwise_attention)
@@ -29,7 +29,7 @@ register_implementation(
 
 def _auto(p: AttentionInputs) -> str:
     """``implementation=None``: cuDNN on GPU where it accepts the call, else blockwise."""
-    if cudnn_fits(p) and not features_used(p) - lookup("cudnn", p).supports:
+    if cudnn_fits(p) and features_used(p) <= implementations()["cudnn"].supports:
         return "cudnn"
     return "blockwise"
 
