@@ -73,7 +73,7 @@ def _bwd(tl: Tiling, res: _Residuals, cts):
     if isinstance(d_out, SymbolicZero):
         d_out = jnp.zeros(d_out.shape, d_out.dtype)
     d = to_tiles(res.q, res.k, res.v, res.bias, res.arrays, res.seed, tl)
-    e = backward_tiles(tl, res.q, res.k, res.v, res.out, res.lse, d_out)
+    e = backward_tiles(tl, d, res.out, res.lse, d_out)
     dq, dk_t, dv_t, dbias = backward(tl, d, e, res.need_dbias)
     if dbias is not None:
         dbias = tiles_to_pairwise(dbias, tl, res.bias.shape).astype(res.bias.dtype)

@@ -25,14 +25,11 @@ from jaxckpt.attention._tiles import (
     Tiles,
     Tiling,
     dropped,
-    keys_to_tiles,
-    keys_to_tiles_t,
     mask_only_if_needed,
     pairwise_tile,
     pairwise_tile_start,
     rows_to_lse,
     rows_to_tiles,
-    rows_to_tiles_t,
     tile_keep,
     tile_logits,
     unflat,
@@ -120,17 +117,20 @@ def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
     return (dq * tl.static.scale).astype(d.q.dtype), dk_t, dv_t, dbias
 
 
-def backward_tiles(tl: Tiling, q, k, v, out, lse, do) -> BackwardTiles:
-    """Builds :class:`BackwardTiles` from canonical residuals and the output cotangent."""
-    do = do.astype(q.dtype)
+def backward_tiles(tl: Tiling, d: Tiles, out, lse, do) -> BackwardTiles:
+    """Builds :class:`BackwardTiles` from the forward's tiles, its canonical out and
+    lse, and the output cotangent; the transposed operands are views of ``d``'s tiles.
+    """
+    do = do.astype(out.dtype)
     delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, T, N]
     lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)  # rows seeing no key: P = 0
+    do = rows_to_tiles(do, tl)
     return BackwardTiles(
-        q_t=rows_to_tiles_t(tl.scaled_q(q), tl),
-        do=rows_to_tiles(do, tl),
-        do_t=rows_to_tiles_t(do, tl),
-        k=keys_to_tiles(k, tl),
-        v_t=keys_to_tiles_t(v, tl),
+        q_t=d.q.swapaxes(2, 3),
+        do=do,
+        do_t=do.swapaxes(2, 3),
+        k=d.k_t.swapaxes(2, 3),
+        v_t=d.v.swapaxes(2, 3),
         lse=rows_to_lse(lse, tl),
         delta=rows_to_lse(jnp.swapaxes(delta, 1, 2), tl),
     )

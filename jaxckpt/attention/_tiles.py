@@ -108,11 +108,6 @@ def rows_to_tiles(x: jax.Array, tl: Tiling) -> jax.Array:
     return x.transpose(1, 0, 3, 4, 2, 5).reshape(tl.nq, tl.batch * tl.kv_heads, tl.groups * tl.bq, -1)
 
 
-def rows_to_tiles_t(x: jax.Array, tl: Tiling) -> jax.Array:
-    """``[B, T, N, H]`` (q, dO) -> ``[nq, B*K, H, G*bq]``, the transposed tiles."""
-    return rows_to_tiles(x, tl).swapaxes(2, 3)
-
-
 def tiles_to_rows(x: jax.Array, tl: Tiling) -> jax.Array:
     """Inverse of :func:`rows_to_tiles`, dropping the padding."""
     x = x.reshape(tl.nq, tl.batch, tl.kv_heads, tl.groups, tl.bq, -1).transpose(1, 0, 4, 2, 3, 5)
