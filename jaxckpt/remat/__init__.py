@@ -1,10 +1,28 @@
 """Remat policies over named activations.
 
-``Tag`` lists every ``checkpoint_name`` jaxckpt places; a policy saving
-``Tag.ATTN_OUT`` and ``Tag.ATTN_LSE`` lets the backward pass skip the attention
-forward recompute.
+``Tag`` lists every ``checkpoint_name`` jaxckpt places, ``RematSpec`` says which are
+saved, offloaded to host or recomputed (and how many layers form one remat segment),
+and ``PRESETS`` names the common choices.
+
+Example:
+    >>> from jaxckpt import remat
+    >>> sorted(remat.get("save_attn").save)
+    [<Tag.ATTN_OUT: 'attn_out'>, <Tag.ATTN_LSE: 'attn_lse'>]
 """
 
+from jaxckpt.remat._describe import RematReport, Residual, describe
+from jaxckpt.remat._presets import PRESETS, get
+from jaxckpt.remat._spec import RematSpec, has_pinned_host, require_pinned_host
 from jaxckpt.remat._tags import Tag
 
-__all__ = ["Tag"]
+__all__ = [
+    "PRESETS",
+    "RematReport",
+    "RematSpec",
+    "Residual",
+    "Tag",
+    "describe",
+    "get",
+    "has_pinned_host",
+    "require_pinned_host",
+]

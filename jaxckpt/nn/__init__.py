@@ -1,0 +1,34 @@
+"""Flax NNX modules: a LLaMA / GPT-2 family decoder built on ``flash_attention`` and remat.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from jaxckpt import nn
+    >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=2)
+    >>> model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
+    >>> model(jnp.zeros((1, 8), jnp.int32), remat="save_attn").shape
+    (1, 8, 256)
+"""
+
+from jaxckpt.nn._attention import Attention
+from jaxckpt.nn._block import Block
+from jaxckpt.nn._config import PRESETS, TransformerConfig
+from jaxckpt.nn._layers import Embedding, LayerNorm, RMSNorm
+from jaxckpt.nn._mlp import MLP
+from jaxckpt.nn._rope import apply_rope, rope_tables
+from jaxckpt.nn._transformer import Transformer, run_blocks
+
+__all__ = [
+    "MLP",
+    "PRESETS",
+    "Attention",
+    "Block",
+    "Embedding",
+    "LayerNorm",
+    "RMSNorm",
+    "Transformer",
+    "TransformerConfig",
+    "apply_rope",
+    "rope_tables",
+    "run_blocks",
+]

@@ -1,0 +1,92 @@
+"""Small layers: token embedding, RMSNorm, LayerNorm and the dense projection."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxckpt.nn._config import TransformerConfig
+
+EMBED_INIT = jax.nn.initializers.normal(stddev=0.02)
+
+
+class Embedding(nnx.Module):
+    """Token (or position) embedding table ``[V, D]``; ``attend`` is the tied head.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt.nn import Embedding
+        >>> emb = Embedding(11, 6, rngs=nnx.Rngs(0))
+        >>> emb(jnp.array([[1, 2, 3]])).shape
+        (1, 3, 6)
+    """
+
+    def __init__(
+        self, num: int, features: int, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs
+    ):
+        self.embedding = nnx.Param(EMBED_INIT(rngs.params(), (num, features), param_dtype))
+        self.dtype = dtype
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """Looks up ``ids`` (any integer shape) -> ``ids.shape + (D,)``."""
+        return jnp.take(self.embedding[...].astype(self.dtype), ids, axis=0)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """``x [..., D] @ embedding.T`` -> ``[..., V]`` (the tied output head)."""
+        return x @ self.embedding[...].astype(self.dtype).T
+
+
+class RMSNorm(nnx.Module):
+    """``x / rms(x) * scale``, computed in fp32 and cast back (as Hugging Face LLaMA)."""
+
+    def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
+        self.scale = nnx.Param(jnp.ones((features,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalizes the last axis of ``x``."""
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """``(x - mean) / std * scale + bias``, computed in fp32 and cast back."""
+
+    def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
+        self.scale = nnx.Param(jnp.ones((features,), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((features,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalizes the last axis of ``x``."""
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        y = ((x32 - mean) * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
+        return y * self.scale[...].astype(self.dtype) + self.bias[...].astype(self.dtype)
+
+
+NORMS = {"rms": RMSNorm, "layer": LayerNorm}
+
+
+def make_norm(cfg: TransformerConfig) -> RMSNorm | LayerNorm:
+    """The config's norm over ``d_model``."""
+    return NORMS[cfg.norm](
+        cfg.d_model, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype
+    )
+
+
+def make_dense(cfg: TransformerConfig, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    """A ``[d_in, d_out]`` projection in the config's dtypes (kernel init normal(0.02))."""
+    return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.storage_dtype,
+        kernel_init=EMBED_INIT,
+        rngs=rngs,
+    )

@@ -1,0 +1,47 @@
+"""The feed-forward block: SwiGLU, GELU-tanh or exact GELU, with every tensor tagged."""
+
+import jax
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxckpt.nn._config import TransformerConfig
+from jaxckpt.nn._layers import make_dense
+from jaxckpt.remat import Tag
+
+ACTIVATIONS = {
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+}
+
+
+class MLP(nnx.Module):
+    """``down(act(gate(x)) * up(x))`` for SwiGLU, else ``down(act(up(x)))``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt.nn import MLP, TransformerConfig
+        >>> cfg = TransformerConfig(d_model=6, n_heads=2, ffn_dim=10)
+        >>> MLP(cfg, rngs=nnx.Rngs(0))(jnp.ones((1, 3, 6))).shape
+        (1, 3, 6)
+    """
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.gated = cfg.activation == "swiglu"
+        self.gate = (
+            make_dense(cfg, cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias, rngs=rngs) if self.gated else None
+        )
+        self.up = make_dense(cfg, cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias, rngs=rngs)
+        self.down = make_dense(cfg, cfg.ffn_dim, cfg.d_model, bias=cfg.mlp_bias, rngs=rngs)
+        self.activation = cfg.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``[B, T, D] -> [B, T, D]``."""
+        up = checkpoint_name(self.up(x), Tag.MLP_UP)
+        if self.gated:
+            gate = checkpoint_name(self.gate(x), Tag.MLP_GATE)
+            hidden = jax.nn.silu(gate) * up
+        else:
+            hidden = ACTIVATIONS[self.activation](up)
+        hidden = checkpoint_name(hidden, Tag.MLP_ACT)
+        return checkpoint_name(self.down(hidden), Tag.MLP_DOWN)

@@ -1,0 +1,138 @@
+"""``describe``: the residuals JAX really saves for the backward pass under a spec."""
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from typing import Protocol
+
+from jax._src.ad_checkpoint import saved_residuals
+
+from jaxckpt.remat._presets import get
+from jaxckpt.remat._spec import RematSpec
+from jaxckpt.remat._tags import Tag
+
+_NAMED = re.compile(r"named '([^']+)'")
+_WHERE = re.compile(r" from \S+ \((.+)\)$")
+
+
+class RematSegments(Protocol):
+    """What ``describe`` needs from a model (``jaxckpt.nn.Transformer`` has it)."""
+
+    def remat_segments(
+        self, batch: int, seq: int, remat: "str | RematSpec"
+    ) -> list[tuple[Callable, tuple, int]]:
+        """``[(fn, (x, params), count)]``, one entry per distinct remat segment."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """One saved residual of one remat segment.
+
+    Attributes:
+        tag: the ``Tag`` it carries, or None for an untagged intermediate.
+        what: JAX's description (the primitive and the function that made it).
+        shape, dtype: its abstract value.
+        nbytes: bytes of one copy. count: how many segments save it.
+        where: ``"device"``, or ``"host"`` for an offloaded tag.
+    """
+
+    tag: Tag | None
+    what: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    count: int
+    where: str
+
+    @property
+    def total_bytes(self) -> int:
+        """``nbytes * count``."""
+        return self.nbytes * self.count
+
+
+@dataclasses.dataclass(frozen=True)
+class RematReport:
+    """The residuals saved by a model's block stack under ``spec``."""
+
+    spec: RematSpec
+    residuals: tuple[Residual, ...]
+
+    @property
+    def tags(self) -> frozenset[Tag]:
+        """Every tag that is saved (or offloaded)."""
+        return frozenset(r.tag for r in self.residuals if r.tag is not None)
+
+    def total_bytes(self, where: str = "device") -> int:
+        """Bytes of all residuals kept on ``where`` (``"device"`` or ``"host"``)."""
+        return sum(r.total_bytes for r in self.residuals if r.where == where)
+
+    def __str__(self) -> str:
+        lines = [f"{'tag':<12} {'shape':<22} {'dtype':<9} {'count':>5} {'MiB':>10}  where   what"]
+        for r in self.residuals:
+            tag = str(r.tag) if r.tag else "-"
+            mib = r.total_bytes / 2**20
+            lines.append(
+                f"{tag:<12} {r.shape!s:<22} {r.dtype:<9} {r.count:>5} {mib:>10.3f}  {r.where:<7} {r.what}"
+            )
+        lines.append(f"total on device: {self.total_bytes('device') / 2**20:.3f} MiB")
+        if self.total_bytes("host"):
+            lines.append(f"total on host:   {self.total_bytes('host') / 2**20:.3f} MiB")
+        return "\n".join(lines)
+
+
+def _residual(aval, src: str, spec: RematSpec, count: int) -> Residual | None:
+    if src.startswith("from the argument"):
+        if not src.startswith("from the argument x"):
+            return None  # a parameter, not an activation
+        tag, what = Tag.LAYER_INPUT, "segment input"
+    else:
+        named = _NAMED.search(src)
+        tag = Tag(named.group(1)) if named and named.group(1) in Tag._value2member_map_ else None
+        where = _WHERE.search(src)
+        what = src.split(" from ")[0] + (f" ({where.group(1)})" if where else "")
+    shape = tuple(aval.shape)
+    nbytes = math.prod(shape) * aval.dtype.itemsize
+    place = "host" if tag in spec.offload else "device"
+    return Residual(tag, what, shape, str(aval.dtype), nbytes, count, place)
+
+
+def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpec") -> RematReport:
+    """Lists the activations the backward pass finds saved, per remat segment.
+
+    The list comes from ``jax.ad_checkpoint``'s saved-residual analysis of one remat
+    segment of the block stack, so it is what JAX will really keep; parameters are
+    left out and ``count`` says how many segments keep each residual. Activations
+    outside the block stack (embedding, logits) do not depend on the spec and are not
+    listed.
+
+    Args:
+        model: a ``jaxckpt.nn.Transformer`` (anything with ``remat_segments``).
+        batch: ``(B, T)``, or a token array of that shape.
+        spec: a preset name or ``RematSpec``.
+
+    Returns:
+        A ``RematReport``; ``str(report)`` is a table.
+
+    Example:
+        >>> from flax import nnx
+        >>> from jaxckpt import nn, remat
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=2), rngs=nnx.Rngs(0))
+        >>> sorted(remat.describe(model, (2, 16), "save_attn").tags)
+        [<Tag.LAYER_INPUT: 'layer_input'>, <Tag.ATTN_OUT: 'attn_out'>, <Tag.ATTN_LSE: 'attn_lse'>]
+    """
+    spec = get(spec)
+    # Offloading moves a residual but does not change which ones exist; analysing the
+    # offloaded tags as saved keeps their names (an offloaded value shows as a device_put).
+    analysed = dataclasses.replace(spec, save=spec.save | spec.offload, offload=frozenset())
+    shape = tuple(getattr(batch, "shape", batch))
+    if len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape):
+        raise ValueError(f"describe: batch must be (B, T) or a [B, T] token array, got {batch!r}")
+    rows = []
+    for fn, args, count in model.remat_segments(shape[0], shape[1], analysed):
+        for aval, src in saved_residuals(fn, *args):
+            row = _residual(aval, src, spec, count)
+            if row is not None:
+                rows.append(row)
+    return RematReport(spec, tuple(rows))

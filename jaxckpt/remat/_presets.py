@@ -1,0 +1,51 @@
+"""Named remat specs (``PRESETS``) and ``get``, which turns a name into a spec."""
+
+from types import MappingProxyType
+
+from jaxckpt.remat._spec import RematSpec
+from jaxckpt.remat._tags import ATTENTION_RESIDUALS, PROJECTIONS, QKV
+
+_MINIMAL = PROJECTIONS | ATTENTION_RESIDUALS
+
+PRESETS: MappingProxyType[str, RematSpec] = MappingProxyType(
+    {
+        "none": RematSpec(enabled=False),
+        "full": RematSpec(),
+        "dots": RematSpec(save_dots=True),
+        "save_qkv": RematSpec(save=QKV),
+        "save_attn": RematSpec(save=ATTENTION_RESIDUALS),
+        "minimal": RematSpec(save=_MINIMAL),
+        "offload_qkv": RematSpec(offload=QKV),
+        "offload_minimal": RematSpec(offload=_MINIMAL),
+        "ratio_0.5": RematSpec(layers_per_checkpoint=2),
+        "ratio_0.25": RematSpec(layers_per_checkpoint=4),
+    }
+)
+"""Preset name -> ``RematSpec``. ``ratio_r`` keeps one layer boundary in every ``1/r``."""
+
+
+def get(spec: "str | RematSpec") -> RematSpec:
+    """Returns the ``RematSpec`` for a preset name, or ``spec`` itself.
+
+    Args:
+        spec: a key of ``PRESETS`` or a ``RematSpec``.
+
+    Returns:
+        The spec.
+
+    Raises:
+        ValueError: for a name that is not a preset (the message lists them).
+        TypeError: for anything else.
+
+    Example:
+        >>> from jaxckpt import remat
+        >>> remat.get("ratio_0.25").layers_per_checkpoint
+        4
+    """
+    if isinstance(spec, RematSpec):
+        return spec
+    if isinstance(spec, str):
+        if spec not in PRESETS:
+            raise ValueError(f"unknown remat preset {spec!r}; valid presets: {', '.join(PRESETS)}")
+        return PRESETS[spec]
+    raise TypeError(f"remat must be a preset name or a RematSpec, got {type(spec).__name__}: {spec!r}")

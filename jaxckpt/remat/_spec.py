@@ -1,0 +1,116 @@
+"""``RematSpec``: which tagged activations are saved, offloaded or recomputed."""
+
+import dataclasses
+from collections.abc import Callable, Iterable
+
+import jax
+
+from jaxckpt.remat._tags import Tag
+
+Policy = Callable[..., object]
+
+OFFLOAD_SRC = "device"
+OFFLOAD_DST = "pinned_host"
+
+
+def _tags(value: Iterable[str], field: str) -> frozenset[Tag]:
+    if isinstance(value, str):
+        raise TypeError(
+            f"RematSpec.{field} takes a collection of tags, got the string {value!r}; wrap it: ({value!r},)"
+        )
+    valid = {t.value for t in Tag}
+    unknown = sorted(str(v) for v in value if str(v) not in valid)
+    if unknown:
+        raise ValueError(f"RematSpec.{field}: unknown tag(s) {unknown}; valid tags: {sorted(valid)}")
+    return frozenset(Tag(str(v)) for v in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class RematSpec:
+    """What the backward pass finds saved, offloaded or must recompute.
+
+    Everything not in ``save`` or ``offload`` (and not a matmul output when
+    ``save_dots``) is recomputed from the boundary of its remat segment.
+
+    Attributes:
+        save: tags kept in device memory.
+        offload: tags moved to ``pinned_host`` memory after the forward pass and back
+            for the backward pass.
+        layers_per_checkpoint: ``k`` layers form one remat segment and only the
+            segment's input is kept (the seed's ``checkpoint_ratio`` is ``1/k``).
+            Inside a segment, ``save`` and ``offload`` still apply.
+        save_dots: also save every matmul output without batch dimensions
+            (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``).
+        enabled: ``False`` means no ``jax.checkpoint`` at all: autodiff keeps whatever
+            it needs (the ``none`` preset).
+
+    Example:
+        >>> from jaxckpt.remat import RematSpec, Tag
+        >>> spec = RematSpec(save={Tag.ATTN_OUT, Tag.ATTN_LSE})
+        >>> spec.policy() is not None
+        True
+    """
+
+    save: frozenset[Tag] = frozenset()
+    offload: frozenset[Tag] = frozenset()
+    layers_per_checkpoint: int = 1
+    save_dots: bool = False
+    enabled: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "save", _tags(self.save, "save"))
+        object.__setattr__(self, "offload", _tags(self.offload, "offload"))
+        both = self.save & self.offload
+        if both:
+            raise ValueError(f"RematSpec: tags {sorted(both)} are in both save and offload; pick one")
+        k = self.layers_per_checkpoint
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"RematSpec.layers_per_checkpoint must be an int >= 1, got {k!r}")
+
+    def policy(self) -> Policy:
+        """The ``jax.checkpoint`` policy for one remat segment.
+
+        Returns:
+            A policy callable for ``jax.checkpoint(..., policy=...)``. For a disabled
+            spec it is ``everything_saveable`` (the model skips ``jax.checkpoint``).
+
+        Raises:
+            ValueError: if ``offload`` is non-empty and the default device has no
+                ``pinned_host`` memory.
+        """
+        cp = jax.checkpoint_policies
+        if not self.enabled:
+            return cp.everything_saveable
+        if self.offload:
+            require_pinned_host()
+            names = cp.save_and_offload_only_these_names(
+                names_which_can_be_saved=[str(t) for t in sorted(self.save)],
+                names_which_can_be_offloaded=[str(t) for t in sorted(self.offload)],
+                offload_src=OFFLOAD_SRC,
+                offload_dst=OFFLOAD_DST,
+            )
+        else:
+            names = cp.save_only_these_names(*(str(t) for t in sorted(self.save)))
+        if self.save_dots:
+            return cp.save_from_both_policies(cp.dots_with_no_batch_dims_saveable, names)
+        return names
+
+
+def has_pinned_host(device: jax.Device | None = None) -> bool:
+    """Whether ``device`` (default: the first device) has a ``pinned_host`` memory space."""
+    device = device or jax.devices()[0]
+    try:
+        kinds = {m.kind for m in device.addressable_memories()}
+    except (AttributeError, NotImplementedError, jax.errors.JaxRuntimeError):
+        return False
+    return OFFLOAD_DST in kinds
+
+
+def require_pinned_host() -> None:
+    """Raises a ValueError when the default device cannot offload to host memory."""
+    if not has_pinned_host():
+        device = jax.devices()[0]
+        raise ValueError(
+            f"offload needs a '{OFFLOAD_DST}' memory space, and {device.platform} device {device} has none; "
+            "use a preset without offload (for example 'save_qkv' or 'minimal')"
+        )

@@ -1,0 +1,175 @@
+"""The jitted train step: next-token loss, micro-batch accumulation, AdamW, donation."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxckpt.remat import RematSpec
+from jaxckpt.remat import get as get_remat
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with linear warm-up, cosine decay and global-norm clipping.
+
+    Attributes:
+        learning_rate: peak learning rate. warmup_steps: linear warm-up length.
+        decay_steps: cosine decay length after warm-up (0 = constant after warm-up).
+        weight_decay, b1, b2, eps: AdamW hyper-parameters. clip_norm: 0 disables clipping.
+    """
+
+    learning_rate: float = 3e-3
+    warmup_steps: int = 10
+    decay_steps: int = 0
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    clip_norm: float = 1.0
+
+    def __post_init__(self):
+        if not self.learning_rate > 0:
+            raise ValueError(f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
+        for name in ("warmup_steps", "decay_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"OptimizerConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+    def transformation(self) -> optax.GradientTransformation:
+        """The optax transformation."""
+        peak = self.learning_rate
+        if self.decay_steps:
+            schedule = optax.warmup_cosine_decay_schedule(
+                peak / (self.warmup_steps + 1),
+                peak,
+                max(self.warmup_steps, 1),
+                self.warmup_steps + self.decay_steps,
+                end_value=peak / 10,
+            )
+        else:
+            schedule = (
+                optax.linear_schedule(peak / (self.warmup_steps + 1), peak, self.warmup_steps)
+                if self.warmup_steps
+                else peak
+            )
+        adamw = optax.adamw(schedule, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay)
+        return optax.chain(optax.clip_by_global_norm(self.clip_norm), adamw) if self.clip_norm else adamw
+
+
+def next_token_loss(
+    model: nnx.Module, tokens: jax.Array, remat: "str | RematSpec | None" = None
+) -> jax.Array:
+    """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``tokens[:, :-1]`` (fp32).
+
+    Args:
+        model: a ``jaxckpt.nn.Transformer``.
+        tokens: ``[B, T + 1]`` integer ids.
+        remat: overrides the model's remat spec.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt import nn, train
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=1), rngs=nnx.Rngs(0))
+        >>> float(train.next_token_loss(model, jnp.zeros((2, 9), jnp.int32))) > 0
+        True
+    """
+    logits = model(tokens[:, :-1], remat=remat).astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def loss_and_grads(
+    graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State, batch: jax.Array, spec: RematSpec
+):
+    """Mean loss and gradient over micro-batches ``batch [M, B, T + 1]``.
+
+    With ``M > 1`` the micro-batches are a ``lax.scan`` that accumulates fp32-param
+    gradients, so only one micro-batch's activations are live at a time.
+    """
+
+    def one(params, tokens):
+        return next_token_loss(nnx.merge(graphdef, params, rest), tokens, spec)
+
+    grad_fn = jax.value_and_grad(one)
+    if batch.shape[0] == 1:
+        return grad_fn(params, batch[0])
+
+    def accumulate(carry, tokens):
+        loss, grads = grad_fn(params, tokens)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    (loss, grads), _ = jax.lax.scan(accumulate, zeros, batch)
+    m = batch.shape[0]
+    return loss / m, jax.tree.map(lambda g: g / m, grads)
+
+
+def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, spec: RematSpec):
+    model, optimizer = nnx.merge(graphdef, state)
+    model_def, params, rest = nnx.split(model, nnx.Param, ...)
+    loss, grads = loss_and_grads(model_def, params, rest, batch, spec)
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), loss
+
+
+def check_batch(batch: jax.Array, max_len: int) -> None:
+    """Raises a ValueError unless ``batch`` is integer ``[M, B, T + 1]`` with ``T <= max_len``."""
+    if batch.ndim != 3 or not jnp.issubdtype(batch.dtype, jnp.integer):
+        raise ValueError(
+            f"batch must be integer tokens [micro_batches, B, T + 1], got {batch.shape=} {batch.dtype=}"
+        )
+    if batch.shape[2] - 1 > max_len:
+        raise ValueError(f"sequence length T={batch.shape[2] - 1} exceeds config.max_len={max_len}")
+
+
+class Trainer:
+    """Owns a model, its ``nnx.Optimizer`` and the jitted, state-donating train step.
+
+    Args:
+        model: a ``jaxckpt.nn.Transformer`` (its parameters are moved into the trainer).
+        optimizer: AdamW settings.
+        remat: overrides ``model.config.remat``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt import nn, train
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=1), rngs=nnx.Rngs(0))
+        >>> trainer = train.Trainer(model, remat="save_attn")
+        >>> loss = trainer.step(jnp.zeros((2, 3, 9), jnp.int32))  # 2 micro-batches of 3 x 8 tokens
+        >>> bool(loss > 0)
+        True
+    """
+
+    def __init__(self, model: nnx.Module, *, optimizer: OptimizerConfig | None = None, remat=None):
+        self.config = model.config
+        self.spec = get_remat(model.config.remat if remat is None else remat)
+        opt = nnx.Optimizer(model, (optimizer or OptimizerConfig()).transformation(), wrt=nnx.Param)
+        self.graphdef, self.state = nnx.split((model, opt))
+        self._step = jax.jit(functools.partial(_train_step, self.graphdef, spec=self.spec), donate_argnums=0)
+
+    def step(self, batch: jax.Array) -> jax.Array:
+        """Runs one step on ``batch [M, B, T + 1]`` and returns its mean loss (on device)."""
+        batch = jnp.asarray(batch)
+        check_batch(batch, self.config.max_len)
+        self.state, loss = self._step(self.state, batch)
+        return loss
+
+    def compile(self, batch_shape: tuple[int, int, int]) -> jax.stages.Compiled:
+        """The compiled step for batches of ``batch_shape`` (for its memory analysis)."""
+        batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
+        check_batch(batch, self.config.max_len)
+        return self._step.lower(self.state, batch).compile()
+
+    @property
+    def model(self) -> nnx.Module:
+        """The current model (a view of the trainer's state)."""
+        return nnx.merge(self.graphdef, self.state)[0]
+
+    @property
+    def step_count(self) -> int:
+        """How many updates the optimizer has applied."""
+        return int(nnx.merge(self.graphdef, self.state)[1].step[...])
