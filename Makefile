@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(PY)
 setup: $(STAMP)
 
 run: setup
-	$(PY) benchmarks/bench_attention.py
+	$(VENV)/bin/jaxckpt compare
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -28,7 +28,9 @@ test: lint
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt
 
 bench: setup
-	$(PY) benchmarks/bench_attention.py --full
+	$(PY) benchmarks/bench_attention.py
+	$(VENV)/bin/jaxckpt compare --config small --batch 4 --seq 1024 --steps 3
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_vs_torch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -8,6 +8,7 @@ import jax
 
 import jaxckpt
 from jaxckpt.attention import available_implementations, implementations
+from jaxckpt.cli import _compare, _train
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -43,13 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="versions, devices and attention implementations usable here")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(run=_info)
+    _compare.add_parser(sub)
+    _train.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the ``jaxckpt`` command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, OSError) as err:  # bad input: report it without a traceback
+        parser.exit(2, f"jaxckpt {args.command}: error: {err}\n")
 
 
 if __name__ == "__main__":

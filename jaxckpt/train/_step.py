@@ -150,19 +150,23 @@ class Trainer:
         opt = nnx.Optimizer(model, (optimizer or OptimizerConfig()).transformation(), wrt=nnx.Param)
         self.graphdef, self.state = nnx.split((model, opt))
         self._step = jax.jit(functools.partial(_train_step, self.graphdef, spec=self.spec), donate_argnums=0)
+        self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
     def step(self, batch: jax.Array) -> jax.Array:
         """Runs one step on ``batch [M, B, T + 1]`` and returns its mean loss (on device)."""
-        batch = jnp.asarray(batch)
-        check_batch(batch, self.config.max_len)
-        self.state, loss = self._step(self.state, batch)
+        batch = jnp.asarray(batch, jnp.int32)
+        self.state, loss = self.compile(batch.shape)(self.state, batch)
         return loss
 
     def compile(self, batch_shape: tuple[int, int, int]) -> jax.stages.Compiled:
-        """The compiled step for batches of ``batch_shape`` (for its memory analysis)."""
-        batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
-        check_batch(batch, self.config.max_len)
-        return self._step.lower(self.state, batch).compile()
+        """The compiled step for batches of ``batch_shape``: compiled once, then reused
+        by ``step``, so its memory analysis describes exactly what runs."""
+        batch_shape = tuple(batch_shape)
+        if batch_shape not in self._compiled:
+            batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
+            check_batch(batch, self.config.max_len)
+            self._compiled[batch_shape] = self._step.lower(self.state, batch).compile()
+        return self._compiled[batch_shape]
 
     @property
     def model(self) -> nnx.Module:

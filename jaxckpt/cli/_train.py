@@ -1,0 +1,72 @@
+"""``jaxckpt train``: trains a model on byte-level text."""
+
+import argparse
+import json
+
+from rich.console import Console
+
+from jaxckpt import nn, remat, train
+from jaxckpt.attention import implementations
+
+
+def add_parser(sub) -> None:
+    """Registers ``train`` on the subcommand parser ``sub``."""
+    p = sub.add_parser("train", help="train a model on a text file (default: the built-in corpus)")
+    p.add_argument("--config", default="tiny", help=f"model preset ({', '.join(nn.PRESETS)})")
+    p.add_argument("--remat", help=f"remat preset ({', '.join(remat.PRESETS)}); default: the config's")
+    p.add_argument(
+        "--attention", help=f"attention implementation ({', '.join(implementations())}); default: auto"
+    )
+    p.add_argument("--layers", type=int, help="override the preset's number of layers")
+    p.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
+    p.add_argument("--micro-batches", type=int, default=1, help="micro-batches accumulated per step")
+    p.add_argument("--seq", type=int, default=256, help="tokens per sequence")
+    p.add_argument("--steps", type=int, default=100, help="total steps (a resumed run continues up to it)")
+    p.add_argument("--lr", type=float, default=train.OptimizerConfig.learning_rate, help="peak learning rate")
+    p.add_argument("--data", help="a text file (default: the built-in Shakespeare corpus)")
+    p.add_argument("--seed", type=int, default=0, help="init and data-order seed")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here")
+    p.add_argument("--checkpoint-every", type=int, help="also save every N steps")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir"
+    )
+    p.add_argument("--force", action="store_true", help="replace existing checkpoints in --checkpoint-dir")
+    p.add_argument("--init-from", help="a jaxckpt checkpoint directory to take the parameters from")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Builds the config, trains, and prints the result."""
+    overrides = {k: v for k, v in (("n_layers", args.layers), ("remat", args.remat)) if v is not None}
+    if args.attention is not None:
+        overrides["attention"] = args.attention
+    config = nn.TransformerConfig.preset(args.config, **overrides)
+    result = train.train(
+        config,
+        steps=args.steps,
+        batch=args.batch,
+        seq=args.seq,
+        micro_batches=args.micro_batches,
+        data=args.data,
+        seed=args.seed,
+        optimizer=train.OptimizerConfig(learning_rate=args.lr),
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        force=args.force,
+        init_from=args.init_from,
+        progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    console = Console()
+    if result.steps:
+        first, last = result.steps[0], result.steps[-1]
+        console.print(
+            f"loss {first['loss']:.4f} (step {first['step']}) -> {last['loss']:.4f} (step {last['step']})"
+        )
+    m = result.memory
+    console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
+    return 0

@@ -1,0 +1,42 @@
+"""Training: optax train step, byte-level data, orbax checkpoints, progress and memory reports.
+
+Example:
+    >>> from jaxckpt import nn, train
+    >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
+    >>> run = train.train(cfg, steps=3, batch=2, seq=16, progress=False)
+    >>> len(run.steps), run.memory.temp > 0
+    (3, True)
+"""
+
+from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
+from jaxckpt.train._compare import ATTENTION, compare, default_rows, offload_saves_memory
+from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
+from jaxckpt.train._loop import TrainRun, train
+from jaxckpt.train._memory import MemoryReport, device_memory_stats, memory_report
+from jaxckpt.train._step import OptimizerConfig, Trainer, loss_and_grads, next_token_loss
+
+__all__ = [
+    "ATTENTION",
+    "VOCAB_SIZE",
+    "ByteBatches",
+    "MemoryReport",
+    "OptimizerConfig",
+    "TrainRun",
+    "Trainer",
+    "compare",
+    "decode",
+    "default_corpus_path",
+    "default_rows",
+    "device_memory_stats",
+    "encode",
+    "latest_step",
+    "load_tokens",
+    "loss_and_grads",
+    "memory_report",
+    "next_token_loss",
+    "offload_saves_memory",
+    "read_meta",
+    "restore_checkpoint",
+    "save_checkpoint",
+    "train",
+]

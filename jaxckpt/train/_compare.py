@@ -1,0 +1,167 @@
+"""``compare``: the seed's experiment. Memory, speed and numbers of attention x remat."""
+
+import dataclasses
+import functools
+import statistics
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from rich.progress import Progress
+
+from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.remat import get as get_remat
+from jaxckpt.remat import has_pinned_host
+from jaxckpt.train._data import ByteBatches, load_tokens
+from jaxckpt.train._memory import memory_report
+from jaxckpt.train._step import Trainer, loss_and_grads
+
+ATTENTION = {"reference": "reference", "flash": "blockwise"}
+"""Row label -> ``flash_attention`` implementation. ``reference`` materialises T x S."""
+REMAT = ("none", "full", "dots", "save_attn", "minimal", "ratio_0.25")
+OFFLOAD_REMAT = ("offload_qkv", "offload_minimal")
+BASELINE = ("reference", "none")
+
+
+def offload_saves_memory(device: jax.Device | None = None) -> bool:
+    """Offload rows only make sense where host memory is separate from device memory.
+
+    On CPU ``pinned_host`` is the same RAM, so offloading there saves nothing.
+    """
+    device = device or jax.devices()[0]
+    return has_pinned_host(device) and device.platform != "cpu"
+
+
+def default_rows() -> list[tuple[str, str]]:
+    """``reference`` and ``flash`` x ``REMAT`` (+ offload presets where they save memory)."""
+    remats = REMAT + (OFFLOAD_REMAT if offload_saves_memory() else ())
+    return [(attention, remat) for attention in ATTENTION for remat in remats]
+
+
+@dataclasses.dataclass
+class _Row:
+    attention: str
+    remat: str
+    trainer: Trainer
+    temp_bytes: int
+    max_grad_diff: float = 0.0
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    loss: float = float("nan")
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _grads(graphdef, params, rest, batch, spec):
+    return loss_and_grads(graphdef, params, rest, batch, spec)[1]
+
+
+def _initial_grads(trainer: Trainer, batch: jax.Array):
+    graphdef, params, rest = nnx.split(trainer.model, nnx.Param, ...)
+    return _grads(graphdef, params, rest, batch, trainer.spec)
+
+
+def _max_diff(a, b) -> float:
+    return max(
+        float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def compare(
+    config: TransformerConfig,
+    *,
+    batch: int,
+    seq: int,
+    steps: int,
+    rows: Sequence[tuple[str, str]] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Trains the same model, from the same init on the same batches, once per row.
+
+    Every row is compiled first; then the steps run round-robin over the rows, so
+    machine noise hits all rows alike. The first row is the baseline (standard
+    attention, no remat) that memory, speed and gradients are compared against.
+
+    Args:
+        config: the model; its ``attention`` and ``remat`` are replaced per row.
+        batch, seq: tokens per step are ``batch x seq``.
+        steps: timed steps per row (step time is the median).
+        rows: ``(attention, remat)`` pairs; attention is a key of ``ATTENTION``.
+            Default: ``default_rows()``. The baseline ``("reference", "none")`` is added
+            first when missing.
+        seed: parameter init and data order.
+        progress: draw a progress bar.
+
+    Returns:
+        ``{"config": {...}, "rows": [{"attention", "remat", "temp_bytes", "memory_saved",
+        "step_seconds", "tokens_per_second", "speed_ratio", "loss", "max_grad_diff"}]}``.
+
+    Example:
+        >>> from jaxckpt import nn, train
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=2, d_model=32, n_heads=2, ffn_dim=48)
+        >>> out = train.compare(cfg, batch=2, seq=16, steps=1, rows=[("flash", "full")], progress=False)
+        >>> [(r["attention"], r["remat"]) for r in out["rows"]]
+        [('reference', 'none'), ('flash', 'full')]
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if seq > config.max_len:
+        raise ValueError(f"seq={seq} exceeds the model's max_len={config.max_len}")
+    pairs = [BASELINE] + [r for r in (rows or default_rows()) if tuple(r) != BASELINE]
+    for attention, remat in pairs:
+        if attention not in ATTENTION:
+            raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION)}")
+        get_remat(remat)
+    data = ByteBatches(load_tokens(None), batch, seq, seed=seed)
+    built = _build_rows(config, pairs, data, seed, progress)
+    _run_round_robin(built, data, steps, progress)
+    base = built[0]
+    base_seconds = statistics.median(base.seconds)
+    out_rows = []
+    for row in built:
+        seconds = statistics.median(row.seconds)
+        out_rows.append(
+            {
+                "attention": row.attention,
+                "remat": row.remat,
+                "temp_bytes": row.temp_bytes,
+                "memory_saved": 1.0 - row.temp_bytes / base.temp_bytes,
+                "step_seconds": seconds,
+                "tokens_per_second": batch * seq / seconds,
+                "speed_ratio": seconds / base_seconds,
+                "loss": row.loss,
+                "max_grad_diff": row.max_grad_diff,
+            }
+        )
+    setup = {**config.to_dict(), "batch": batch, "seq": seq, "steps": steps, "backend": jax.default_backend()}
+    return {"config": setup, "rows": out_rows}
+
+
+def _build_rows(config, pairs, data, seed, progress) -> list[_Row]:
+    first = jnp.asarray(data.batch_at(0))
+    rows: list[_Row] = []
+    base_grads = None
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("compiling rows", total=len(pairs))
+        for attention, remat in pairs:
+            cfg = config.replace(attention=ATTENTION[attention], remat=remat)
+            trainer = Trainer(Transformer(cfg, rngs=nnx.Rngs(seed)))
+            grads = _initial_grads(trainer, first)
+            base_grads = grads if base_grads is None else base_grads
+            temp = memory_report(trainer.compile(first.shape)).temp
+            rows.append(_Row(attention, remat, trainer, temp, _max_diff(grads, base_grads)))
+            bar.advance(task)
+    return rows
+
+
+def _run_round_robin(rows: list[_Row], data: ByteBatches, steps: int, progress: bool) -> None:
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("training rows", total=steps * len(rows))
+        for step in range(steps):
+            tokens = jnp.asarray(data.batch_at(step))
+            for row in rows:
+                t0 = time.perf_counter()
+                row.loss = float(jax.block_until_ready(row.trainer.step(tokens)))
+                row.seconds.append(time.perf_counter() - t0)
+                bar.advance(task)

@@ -1,0 +1,200 @@
+"""Byte-level training data: a UTF-8 byte tokenizer, the shipped corpus, and random windows.
+
+Every token is one byte of UTF-8, so the vocabulary is ``VOCAB_SIZE = 256`` and any text
+file is a valid corpus. ``ByteBatches`` draws the batch for a step from a generator seeded
+with ``(seed, step)`` alone, so a run resumed at step ``s`` sees exactly the batches an
+uninterrupted run would have seen.
+"""
+
+import os
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+
+VOCAB_SIZE = 256
+"""Size of the byte-level vocabulary: one token per possible byte value."""
+
+
+def encode(text: str) -> np.ndarray:
+    """The UTF-8 bytes of ``text`` as an int32 token array.
+
+    Args:
+        text: any string; non-ASCII characters become several tokens.
+
+    Returns:
+        A 1-D ``int32`` array with values in ``[0, VOCAB_SIZE)``.
+
+    Raises:
+        TypeError: if ``text`` is not a ``str``.
+
+    Example:
+        >>> encode("Hi!").tolist()
+        [72, 105, 33]
+        >>> encode("é").tolist()
+        [195, 169]
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"encode: text must be a str, got {type(text).__name__}")
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+
+def decode(tokens) -> str:
+    """The text whose UTF-8 bytes are ``tokens``; invalid byte sequences become U+FFFD.
+
+    Args:
+        tokens: a 1-D array-like of integers in ``[0, VOCAB_SIZE)`` (e.g. model samples).
+
+    Returns:
+        The decoded string.
+
+    Raises:
+        TypeError: if ``tokens`` does not hold integers.
+        ValueError: if ``tokens`` is not 1-D or holds a value outside ``[0, VOCAB_SIZE)``.
+
+    Example:
+        >>> decode(encode("café"))
+        'café'
+        >>> decode([104, 105, 255]) == "hi" + chr(0xFFFD)
+        True
+    """
+    arr = np.asarray(tokens)
+    if arr.size == 0:
+        return ""
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"decode: tokens must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"decode: tokens must be 1-D, got shape {arr.shape}")
+    low, high = int(arr.min()), int(arr.max())
+    if low < 0 or high >= VOCAB_SIZE:
+        raise ValueError(f"decode: tokens must lie in [0, {VOCAB_SIZE}), got values in [{low}, {high}]")
+    return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+def default_corpus_path() -> Path:
+    """Path of the corpus shipped with the package (an excerpt of Shakespeare's plays).
+
+    Example:
+        >>> p = default_corpus_path()
+        >>> p.name, p.is_file()
+        ('shakespeare.txt', True)
+    """
+    return Path(str(files("jaxckpt.train") / "data" / "shakespeare.txt"))
+
+
+def load_tokens(path: str | os.PathLike | None = None) -> np.ndarray:
+    """Reads a text file as byte tokens.
+
+    Args:
+        path: the text file; None reads the shipped corpus (``default_corpus_path()``).
+
+    Returns:
+        A 1-D ``int32`` array of the file's bytes.
+
+    Raises:
+        TypeError: if ``path`` is not a str, an ``os.PathLike`` or None.
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: if ``path`` is a directory or an empty file.
+
+    Example:
+        >>> tokens = load_tokens()
+        >>> decode(tokens[:14])
+        'First Citizen:'
+    """
+    if path is None:
+        path = default_corpus_path()
+    elif not isinstance(path, str | os.PathLike):
+        raise TypeError(f"load_tokens: path must be a str, an os.PathLike or None, got {type(path).__name__}")
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist; --data expects a text file")
+    if path.is_dir():
+        raise ValueError(f"data path {str(path)!r} is a directory; --data expects a text file")
+    data = path.read_bytes()
+    if not data:
+        raise ValueError(f"data file {str(path)!r} is empty; --data expects a non-empty text file")
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"ByteBatches: {name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        qualifier = "positive" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"ByteBatches: {name} must be {qualifier}, got {value}")
+
+
+@dataclass(frozen=True, eq=False)
+class ByteBatches:
+    """Random windows of ``seq + 1`` consecutive tokens, a pure function of ``(seed, step)``.
+
+    Each row is an input of ``seq`` tokens followed by its last next-token target, so a
+    model reads ``row[:-1]`` and predicts ``row[1:]``.
+
+    Args:
+        tokens: the 1-D integer corpus (e.g. from ``load_tokens``); at least ``seq + 2`` long.
+        batch: rows per micro-batch.
+        seq: tokens each row feeds the model.
+        seed: a non-negative int; with the step it fixes every batch.
+        micro_batches: micro-batches per step (gradient accumulation).
+
+    Raises:
+        TypeError: if ``tokens`` is not a 1-D integer array, or a size is not an int.
+        ValueError: if a size is not positive or the corpus is shorter than ``seq + 2``.
+
+    Example:
+        >>> data = ByteBatches(np.arange(100, dtype=np.int32), batch=2, seq=4, seed=0)
+        >>> data.batch_at(0).shape
+        (1, 2, 5)
+        >>> bool((data.batch_at(3) == data.batch_at(3)).all())
+        True
+    """
+
+    tokens: np.ndarray
+    batch: int
+    seq: int
+    seed: int = 0
+    micro_batches: int = 1
+
+    def __post_init__(self):
+        tokens = np.asarray(self.tokens)
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise TypeError(
+                "ByteBatches: tokens must be a 1-D integer array, "
+                f"got shape {tokens.shape} dtype {tokens.dtype}"
+            )
+        _check_int("batch", self.batch, 1)
+        _check_int("seq", self.seq, 1)
+        _check_int("micro_batches", self.micro_batches, 1)
+        _check_int("seed", self.seed, 0)
+        if len(tokens) < self.seq + 2:
+            raise ValueError(
+                f"ByteBatches: seq={self.seq} needs a corpus of at least seq + 2 = {self.seq + 2} tokens, "
+                f"got {len(tokens)}; use a smaller seq or a larger --data file"
+            )
+        object.__setattr__(self, "tokens", tokens.astype(np.int32, copy=False))
+
+    def batch_at(self, step: int) -> np.ndarray:
+        """The batch for ``step``: an int32 array of shape ``[micro_batches, batch, seq + 1]``.
+
+        Args:
+            step: a non-negative int; equal steps (and seeds) give equal batches.
+
+        Raises:
+            TypeError: if ``step`` is not an int.
+            ValueError: if ``step`` is negative.
+
+        Example:
+            >>> data = ByteBatches(np.arange(50, dtype=np.int32), batch=1, seq=3, micro_batches=2)
+            >>> b = data.batch_at(5)
+            >>> b.shape, bool((b[..., 1:] - b[..., :-1] == 1).all())
+            ((2, 1, 4), True)
+        """
+        if isinstance(step, bool) or not isinstance(step, int | np.integer):
+            raise TypeError(f"ByteBatches.batch_at: step must be an int, got {type(step).__name__}")
+        if step < 0:
+            raise ValueError(f"ByteBatches.batch_at: step must be >= 0, got {step}")
+        rng = np.random.default_rng([int(self.seed), int(step)])
+        starts = rng.integers(0, len(self.tokens) - self.seq, size=(self.micro_batches, self.batch))
+        return self.tokens[starts[..., None] + np.arange(self.seq + 1)]

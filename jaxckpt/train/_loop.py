@@ -1,0 +1,155 @@
+"""``train``: data, trainer, checkpoints and progress put together."""
+
+import dataclasses
+import os
+import shutil
+import time
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
+from jaxckpt.train._data import ByteBatches, load_tokens
+from jaxckpt.train._memory import MemoryReport, memory_report
+from jaxckpt.train._progress import memory_text, train_progress
+from jaxckpt.train._step import OptimizerConfig, Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """What ``train`` did: one record per step run, and the step's memory analysis."""
+
+    steps: list[dict]
+    memory: MemoryReport
+    trainer: Trainer = dataclasses.field(repr=False)
+
+    def to_dict(self) -> dict:
+        """``{"steps": [{"step", "loss", "step_seconds"}], "temp_bytes", "memory"}``."""
+        return {"steps": self.steps, "temp_bytes": self.memory.temp, "memory": self.memory.to_dict()}
+
+
+def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -> None:
+    if directory is None:
+        if resume:
+            raise ValueError("--resume needs --checkpoint-dir")
+        return
+    if resume or latest_step(directory) is None:
+        return
+    if not force:
+        raise FileExistsError(
+            f"{str(directory)!r} already holds checkpoints (latest step {latest_step(directory)}); "
+            "pass --resume to continue from it or --force to replace it"
+        )
+    shutil.rmtree(directory)
+
+
+def _init_trainer(config: TransformerConfig, seed: int, init_from, optimizer) -> Trainer:
+    trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
+    if init_from is None:
+        return trainer
+    path = Path(init_from)
+    if (path / "config.json").exists():
+        raise ValueError(
+            f"--init-from {str(path)!r} looks like a Hugging Face directory; loading those needs "
+            "torch_bridge, which this version does not ship yet. Pass a jaxckpt checkpoint directory"
+        )
+    _, state = restore_checkpoint(path, trainer.state)
+    model = nnx.merge(trainer.graphdef, state)[0]  # its parameters; the optimizer starts afresh
+    return Trainer(model, optimizer=optimizer)
+
+
+def train(
+    config: TransformerConfig,
+    *,
+    steps: int,
+    batch: int,
+    seq: int,
+    data: str | os.PathLike | None = None,
+    seed: int = 0,
+    micro_batches: int = 1,
+    optimizer: OptimizerConfig | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    force: bool = False,
+    init_from: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> TrainRun:
+    """Trains a ``Transformer`` on byte-level text; the remat spec is ``config.remat``.
+
+    Step ``s`` always trains on the same batch (a pure function of ``seed`` and
+    ``s``), so resuming from a checkpoint reproduces the uninterrupted run.
+
+    Args:
+        config: the model (including ``remat`` and ``attention``).
+        steps: total number of steps; a resumed run continues up to it.
+        batch, seq, micro_batches: each step sees ``micro_batches x batch`` windows of ``seq``.
+        data: a text file (None: the built-in corpus).
+        seed: parameter init and data order.
+        checkpoint_dir: where to save (at the end, and every ``checkpoint_every`` steps).
+        resume: continue from the latest checkpoint in ``checkpoint_dir``.
+        force: replace existing checkpoints in ``checkpoint_dir``.
+        init_from: a jaxckpt checkpoint directory to take the parameters from.
+        progress: draw a progress bar.
+
+    Returns:
+        A ``TrainRun``.
+
+    Raises:
+        ValueError / FileNotFoundError / FileExistsError: for bad arguments, a missing data
+        file, or a checkpoint directory that would be overwritten without ``force``.
+
+    Example:
+        >>> from jaxckpt import nn, train
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
+        >>> run = train.train(cfg, steps=2, batch=2, seq=16, progress=False)
+        >>> [s["step"] for s in run.steps]
+        [0, 1]
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if seq > config.max_len:
+        raise ValueError(f"seq={seq} exceeds the model's max_len={config.max_len}")
+    directory = None if checkpoint_dir is None else Path(checkpoint_dir)
+    _prepare_checkpoint_dir(directory, resume, force)
+    batches = ByteBatches(load_tokens(data), batch, seq, seed=seed, micro_batches=micro_batches)
+    trainer = _init_trainer(config, seed, init_from, optimizer)
+    start = 0
+    meta = {
+        "config": config.to_dict(),
+        "batch": batch,
+        "seq": seq,
+        "seed": seed,
+        "micro_batches": micro_batches,
+    }
+    if resume:
+        saved = read_meta(directory)
+        if saved and saved.get("config") != meta["config"]:
+            raise ValueError(
+                f"--resume: {str(directory)!r} was trained with a different config: {saved['config']}"
+            )
+        step, trainer.state = restore_checkpoint(directory, trainer.state)
+        start = step
+    memory = memory_report(trainer.compile(batches.batch_at(start).shape))
+    records = _run_steps(trainer, batches, start, steps, progress, memory, directory, checkpoint_every, meta)
+    if directory is not None and records:
+        save_checkpoint(directory, steps, trainer.state, meta)
+    return TrainRun(records, memory, trainer)
+
+
+def _run_steps(trainer, batches, start, steps, progress, memory, directory, every, meta) -> list[dict]:
+    records = []
+    tokens_per_step = batches.micro_batches * batches.batch * batches.seq
+    with train_progress(steps, start, progress) as update:
+        for step in range(start, steps):
+            tokens = batches.batch_at(step)
+            t0 = time.perf_counter()
+            loss = float(jax.block_until_ready(trainer.step(tokens)))
+            seconds = time.perf_counter() - t0
+            records.append({"step": step, "loss": loss, "step_seconds": seconds})
+            update(step + 1, loss, tokens_per_step / seconds, memory_text(memory))
+            if directory is not None and every and (step + 1) % every == 0 and step + 1 < steps:
+                save_checkpoint(directory, step + 1, trainer.state, meta)
+    return records
