@@ -36,6 +36,11 @@ class Embedding(nnx.Module):
         return x @ self.embedding[...].astype(self.dtype).T
 
 
+def _along_last(v: jax.Array, ndim: int) -> jax.Array:
+    """``v [D]`` reshaped to broadcast against the last axis of an ``ndim``-rank array."""
+    return v.reshape((1,) * (ndim - 1) + v.shape)
+
+
 class RMSNorm(nnx.Module):
     """``x / rms(x) * scale``, computed in fp32 and cast back (as Hugging Face LLaMA)."""
 
@@ -48,7 +53,7 @@ class RMSNorm(nnx.Module):
         """Normalizes the last axis of ``x``."""
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
+        return x32.astype(self.dtype) * _along_last(self.scale[...].astype(self.dtype), x.ndim)
 
 
 class LayerNorm(nnx.Module):
@@ -66,7 +71,8 @@ class LayerNorm(nnx.Module):
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
         y = ((x32 - mean) * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
-        return y * self.scale[...].astype(self.dtype) + self.bias[...].astype(self.dtype)
+        scale, bias = (_along_last(p[...].astype(self.dtype), x.ndim) for p in (self.scale, self.bias))
+        return y * scale + bias
 
 
 NORMS = {"rms": RMSNorm, "layer": LayerNorm}

@@ -25,4 +25,5 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
     x32 = x.astype(jnp.float32)
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return (x32 * cos + rotated * sin).astype(x.dtype)

@@ -31,10 +31,14 @@ def _layer(x: jax.Array, block: Block) -> jax.Array:
 _scan_layers = nnx.scan(_layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
 
 
-def _regroup(blocks: Block, start: int, stop: int, group: int | None = None) -> Block:
-    """Layers ``start:stop`` of the stack, reshaped to ``[(stop - start) / group, group, ...]``."""
+def _take_layers(blocks: Block, start: int, stop: int, group: int | None = None) -> Block:
+    """Layers ``start:stop`` of the stack: a single block when ``stop - start == 1``,
+    else stacked ``[stop - start, ...]``, or ``[(stop - start) / group, group, ...]``."""
     graphdef, state = nnx.split(blocks)
-    lead = (-1,) if group is None else (-1, group)
+    if stop - start == 1:
+        lead = ()
+    else:
+        lead = (-1,) if group is None else (-1, group)
     sliced = jax.tree.map(lambda a: a[start:stop].reshape(lead + a.shape[1:]), state)
     return nnx.merge(graphdef, sliced)
 
@@ -80,9 +84,9 @@ def run_blocks(blocks: Block, x: jax.Array, spec: RematSpec, n_layers: int) -> j
     scan_segments = nnx.scan(remat_segment(spec, k), in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
     if k == 1:
         return scan_segments(x, blocks)
-    x = scan_segments(x, _regroup(blocks, 0, k * n_full, k))
+    x = scan_segments(x, _take_layers(blocks, 0, k * n_full, k))
     if k * n_full < n_layers:
-        x = remat_segment(spec, n_layers - k * n_full)(x, _regroup(blocks, k * n_full, n_layers))
+        x = remat_segment(spec, n_layers - k * n_full)(x, _take_layers(blocks, k * n_full, n_layers))
     return x
 
 

@@ -1,0 +1,121 @@
+"""``jaxckpt.train``: the step, micro-batches, mixed precision, checkpoints and ``train``."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxckpt import nn, remat, train
+
+SMALL = nn.TransformerConfig.preset(
+    "tiny", d_model=30, n_layers=3, n_heads=5, n_kv_heads=1, head_dim=6, ffn_dim=22
+)
+
+
+def _tokens(shape, seed=1):
+    return jax.random.randint(jax.random.key(seed), shape, 0, SMALL.vocab_size)
+
+
+def test_loss_falls_over_50_steps_on_the_built_in_corpus():
+    cfg = nn.TransformerConfig.preset("tiny", n_layers=2)
+    run = train.train(cfg, steps=50, batch=8, seq=64, progress=False)
+    losses = [s["loss"] for s in run.steps]
+    assert len(losses) == 50 and all(np.isfinite(losses))
+    assert losses[0] > 5.0  # about ln(256) at init
+    assert np.mean(losses[-5:]) < losses[0] - 1.5, losses
+
+
+def test_micro_batches_average_the_gradients():
+    model = nn.Transformer(SMALL, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    toks = _tokens((6, 12))
+    grads = jax.jit(train.loss_and_grads, static_argnums=(0, 4))
+    whole = grads(graphdef, params, rest, toks[None], remat.get("full"))
+    split = grads(graphdef, params, rest, toks.reshape(3, 2, 12), remat.get("full"))
+    assert float(whole[0]) == pytest.approx(float(split[0]), abs=1e-6)
+    for a, b in zip(jax.tree.leaves(whole[1]), jax.tree.leaves(split[1]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_mixed_precision_keeps_fp32_params():
+    cfg = SMALL.replace(dtype="bfloat16", param_dtype="float32")
+    trainer = train.Trainer(nn.Transformer(cfg, rngs=nnx.Rngs(0)))
+    loss = trainer.step(_tokens((1, 3, 9)))
+    assert loss.dtype == jnp.float32 and np.isfinite(float(loss))
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(trainer.model, nnx.Param))} == {jnp.dtype(jnp.float32)}
+    assert trainer.model(_tokens((2, 5))).dtype == jnp.bfloat16
+
+
+def test_step_donates_the_state():
+    trainer = train.Trainer(nn.Transformer(SMALL, rngs=nnx.Rngs(0)))
+    old = jax.tree.leaves(trainer.state)[0]
+    trainer.step(_tokens((1, 3, 9)))
+    assert old.is_deleted()
+    memory = train.memory_report(trainer.compile((1, 3, 9)))
+    assert memory.alias > 0 and memory.peak == memory.argument + memory.output + memory.temp - memory.alias
+
+
+def test_bad_batch_is_rejected():
+    trainer = train.Trainer(nn.Transformer(SMALL, rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match="micro_batches, B, T"):
+        trainer.step(_tokens((3, 9)))
+    with pytest.raises(ValueError, match="max_len"):
+        trainer.step(_tokens((1, 1, SMALL.max_len + 2)))
+
+
+def test_resume_gives_the_same_next_step_loss(tmp_path):
+    kwargs = dict(steps=4, batch=3, seq=11, seed=5, progress=False)
+    straight = train.train(SMALL, **kwargs)
+    ckpt = tmp_path / "ckpt"
+    first = train.train(SMALL, **{**kwargs, "steps": 2}, checkpoint_dir=ckpt)
+    assert train.latest_step(ckpt) == 2
+    resumed = train.train(SMALL, **kwargs, checkpoint_dir=ckpt, resume=True)
+    assert [s["step"] for s in resumed.steps] == [2, 3]
+    losses = [s["loss"] for s in first.steps + resumed.steps]
+    assert losses == [s["loss"] for s in straight.steps]
+    assert train.latest_step(ckpt) == 4
+
+
+def test_checkpoints_are_not_overwritten_without_force(tmp_path):
+    kwargs = dict(steps=1, batch=2, seq=7, progress=False, checkpoint_dir=tmp_path / "c")
+    train.train(SMALL, **kwargs)
+    with pytest.raises(FileExistsError, match="--force"):
+        train.train(SMALL, **kwargs)
+    train.train(SMALL, **kwargs, force=True)
+    with pytest.raises(ValueError, match="--resume needs --checkpoint-dir"):
+        train.train(SMALL, steps=1, batch=2, seq=7, progress=False, resume=True)
+    with pytest.raises(ValueError, match="different config"):
+        train.train(SMALL.replace(n_layers=2), **{**kwargs, "steps": 2}, resume=True)
+
+
+def test_init_from_takes_the_parameters(tmp_path):
+    kwargs = dict(batch=2, seq=7, progress=False)
+    first = train.train(SMALL, steps=2, **kwargs, checkpoint_dir=tmp_path / "c")
+    second = train.train(SMALL, steps=1, **kwargs, seed=9, init_from=tmp_path / "c")
+    batch = train.ByteBatches(train.load_tokens(None), 2, 7, seed=9).batch_at(0)[0]
+    expected = float(train.next_token_loss(first.trainer.model, batch))
+    assert second.steps[0]["loss"] == pytest.approx(expected, abs=1e-6)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="Hugging Face"):
+        train.train(SMALL, steps=1, **kwargs, init_from=tmp_path / "hf")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(steps=0), ValueError, "steps"),
+        (dict(seq=SMALL.max_len + 1), ValueError, "max_len"),
+        (dict(data="no/such/file.txt"), FileNotFoundError, "no/such/file.txt"),
+    ],
+)
+def test_train_rejects_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        train.train(SMALL, **{**dict(steps=1, batch=2, seq=7, progress=False), **kwargs})
+
+
+def test_optimizer_config_validates():
+    with pytest.raises(ValueError, match="learning_rate"):
+        train.OptimizerConfig(learning_rate=0.0)
+    assert train.OptimizerConfig(decay_steps=5).transformation() is not None
