@@ -20,6 +20,7 @@ NORMS = ("rms", "layer")
 ACTIVATIONS = ("swiglu", "gelu_tanh", "gelu")
 POSITIONS = ("rope", "learned", "none")
 DTYPES = ("float32", "bfloat16", "float16")
+_DERIVED = ("n_kv_heads", "head_dim", "norm", "activation", "positions")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +70,13 @@ class TransformerConfig:
     norm: str | None = None
     activation: str | None = None
     positions: str | None = None
+    _derived: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
+    """The fields given as None and filled in here; ``replace`` derives them afresh."""
 
     def __post_init__(self):
         _choice("family", self.family, tuple(FAMILY_DEFAULTS))
+        derived = {name for name in _DERIVED if getattr(self, name) is None}
+        object.__setattr__(self, "_derived", frozenset(derived))
         for name, value in FAMILY_DEFAULTS[self.family].items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
@@ -118,12 +123,19 @@ class TransformerConfig:
         return jnp.dtype(self.param_dtype)
 
     def replace(self, **changes) -> "TransformerConfig":
-        """A copy with ``changes`` applied (and validated)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` applied (and validated).
+
+        Fields that were derived (``n_kv_heads``, ``head_dim``, and the family's
+        ``norm``/``activation``/``positions``) are derived again from the new values
+        unless ``changes`` sets them.
+        """
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        kwargs.update(dict.fromkeys(self._derived))
+        return TransformerConfig(**{**kwargs, **changes})
 
     def to_dict(self) -> dict:
         """The fields as plain JSON-friendly values (a spec is shown by its repr)."""
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         if isinstance(self.remat, RematSpec):
             out["remat"] = repr(self.remat)
         return out
@@ -137,7 +149,7 @@ class TransformerConfig:
         """
         if name not in PRESETS:
             raise ValueError(f"unknown config preset {name!r}; valid presets: {', '.join(PRESETS)}")
-        return dataclasses.replace(PRESETS[name], **overrides)
+        return PRESETS[name].replace(**overrides)
 
 
 def _positive(name: str, value) -> None:
