@@ -35,7 +35,12 @@ def _take_layers(blocks: Block, start: int, stop: int, group: int | None = None)
     """Layers ``start:stop`` of the stack: a single block when ``stop - start == 1``,
     else stacked ``[stop - start, ...]``, or ``[(stop - start) / group, group, ...]``."""
     graphdef, state = nnx.split(blocks)
-    lead = {True: (), False: (-1,) if group is None else (-1, group)}[stop - start == 1]
+    if stop - start == 1:
+        lead = ()
+    elif group is None:
+        lead = (-1,)
+    else:
+        lead = (-1, group)
     sliced = jax.tree.map(lambda a: a[start:stop].reshape(lead + a.shape[1:]), state)
     return nnx.merge(graphdef, sliced)
 
