@@ -21,7 +21,7 @@ class MLP(nnx.Module):
         >>> import jax.numpy as jnp
         >>> from flax import nnx
         >>> from jaxckpt.nn import MLP, TransformerConfig
-        >>> cfg = TransformerConfig(d_model=6, n_heads=2, ffn_dim=10)
+        >>> cfg = TransformerConfig(d_model=6, n_heads=3, ffn_dim=10)
         >>> MLP(cfg, rngs=nnx.Rngs(0))(jnp.ones((1, 3, 6))).shape
         (1, 3, 6)
     """
