@@ -393,8 +393,8 @@ def main(argv=None) -> None:
     console.print(
         f"1-min load average: {load_start:.2f} at start, {load_end:.2f} at end, on {os.cpu_count()} CPUs"
         + (
-            " -- BUSY: other processes competed for the CPUs; torch's OpenMP threads degrade badly"
-            " when oversubscribed, so the ratios are unreliable (see max/min)"
+            " -- the machine was not idle before the run (or got busier than this run's own threads);"
+            " torch's OpenMP threads degrade badly when oversubscribed: check max/min before trusting ratios"
             if busy
             else ""
         )
