@@ -85,8 +85,12 @@ def test_checkpoints_are_not_overwritten_without_force(tmp_path):
     train.train(SMALL, **kwargs, force=True)
     with pytest.raises(ValueError, match="--resume needs --checkpoint-dir"):
         train.train(SMALL, steps=1, batch=2, seq=7, progress=False, resume=True)
-    with pytest.raises(ValueError, match="different config"):
+    with pytest.raises(ValueError, match=r"config\.n_layers: 3 -> 2"):
         train.train(SMALL.replace(n_layers=2), **{**kwargs, "steps": 2}, resume=True)
+    with pytest.raises(ValueError, match="seq: 7 -> 9"):
+        train.train(SMALL, **{**kwargs, "steps": 2, "seq": 9}, resume=True)
+    resumed = train.train(SMALL.replace(remat="save_attn"), **{**kwargs, "steps": 2}, resume=True)
+    assert [s["step"] for s in resumed.steps] == [1]  # remat may change: it does not change the numbers
 
 
 def test_init_from_takes_the_parameters(tmp_path):

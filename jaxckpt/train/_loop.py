@@ -60,6 +60,27 @@ def _init_trainer(config: TransformerConfig, seed: int, init_from, optimizer) ->
     return Trainer(model, optimizer=optimizer)
 
 
+FREE_ON_RESUME = ("remat", "attention")
+"""Config fields a resumed run may change: they do not change the numbers."""
+
+
+def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
+    """Raises a ValueError naming every setting that differs from the checkpointed run's."""
+
+    def comparable(m: dict) -> dict:
+        config = {k: v for k, v in m.get("config", {}).items() if k not in FREE_ON_RESUME}
+        return {
+            **{k: v for k, v in m.items() if k != "config"},
+            **{f"config.{k}": v for k, v in config.items()},
+        }
+
+    old, new = comparable(saved), comparable(meta)
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if saved and changed:
+        diffs = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        raise ValueError(f"--resume: {str(directory)!r} was trained with different settings ({diffs})")
+
+
 def train(
     config: TransformerConfig,
     *,
@@ -125,11 +146,7 @@ def train(
         "micro_batches": micro_batches,
     }
     if resume:
-        saved = read_meta(directory)
-        if saved and saved.get("config") != meta["config"]:
-            raise ValueError(
-                f"--resume: {str(directory)!r} was trained with a different config: {saved['config']}"
-            )
+        _check_resumable(read_meta(directory), meta, directory)
         step, trainer.state = restore_checkpoint(directory, trainer.state)
         start = step
     memory = memory_report(trainer.compile(batches.batch_at(start).shape))
