@@ -150,7 +150,8 @@ def _build_rows(config, pairs, data, seed, progress) -> list[_Row]:
             grads = _initial_grads(trainer, first)
             base_grads = grads if base_grads is None else base_grads
             temp = memory_report(trainer.compile(first.shape)).temp
-            rows.append(_Row(attention, remat, trainer, temp, _max_diff(grads, base_grads)))
+            label = remat if isinstance(remat, str) else repr(remat)  # a RematSpec: keep JSON-able
+            rows.append(_Row(attention, label, trainer, temp, _max_diff(grads, base_grads)))
             bar.advance(task)
     return rows
 
