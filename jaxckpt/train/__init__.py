@@ -13,7 +13,7 @@ from jaxckpt.train._compare import ATTENTION, compare, default_rows, offload_sav
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
 from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._memory import MemoryReport, device_memory_stats, memory_report
-from jaxckpt.train._step import OptimizerConfig, Trainer, loss_and_grads, next_token_loss
+from jaxckpt.train._step import OptimizerConfig, Trainer, jit_train_step, loss_and_grads, next_token_loss
 
 __all__ = [
     "ATTENTION",
@@ -29,6 +29,7 @@ __all__ = [
     "default_rows",
     "device_memory_stats",
     "encode",
+    "jit_train_step",
     "latest_step",
     "load_tokens",
     "loss_and_grads",

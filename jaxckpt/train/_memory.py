@@ -12,6 +12,10 @@ class MemoryReport:
     ``peak = argument + output + temp - alias`` (on CPU ``peak_memory_in_bytes``
     leaves temp buffers out, so it is recomputed here). ``device`` holds
     ``Device.memory_stats()`` where the backend has them (GPU, TPU), else None.
+
+    For a train step, ``params``, ``optimizer`` and ``grads`` split the figures by
+    tree size (the first two are arguments, the gradients live in ``temp``);
+    ``jaxckpt.plan.measure`` fills them, otherwise they are None.
     """
 
     argument: int
@@ -20,6 +24,14 @@ class MemoryReport:
     alias: int
     host_temp: int
     device: dict | None = None
+    params: int | None = None
+    optimizer: int | None = None
+    grads: int | None = None
+
+    @property
+    def activations(self) -> int | None:
+        """Temporaries other than the gradients (activations, recompute, workspace)."""
+        return None if self.grads is None else max(self.temp - self.grads, 0)
 
     @property
     def peak(self) -> int:
@@ -28,7 +40,7 @@ class MemoryReport:
 
     def to_dict(self) -> dict:
         """Plain dict, with ``peak``."""
-        return {**dataclasses.asdict(self), "peak": self.peak}
+        return {**dataclasses.asdict(self), "peak": self.peak, "activations": self.activations}
 
 
 def memory_report(compiled: jax.stages.Compiled) -> MemoryReport:

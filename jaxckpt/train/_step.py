@@ -115,6 +115,12 @@ def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, s
     return nnx.state((model, optimizer)), loss
 
 
+def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec):
+    """The jitted step ``(state, batch [M, B, T + 1]) -> (state, loss)`` with ``state``
+    donated; ``state`` is ``nnx.split((model, nnx.Optimizer))[1]``, real or abstract."""
+    return jax.jit(functools.partial(_train_step, graphdef, spec=spec), donate_argnums=0)
+
+
 def check_batch(batch: jax.Array, max_len: int) -> None:
     """Raises a ValueError unless ``batch`` is integer ``[M, B, T + 1]`` with ``T <= max_len``."""
     if batch.ndim != 3 or not jnp.issubdtype(batch.dtype, jnp.integer):
@@ -149,7 +155,7 @@ class Trainer:
         self.spec = get_remat(model.config.remat if remat is None else remat)
         opt = nnx.Optimizer(model, (optimizer or OptimizerConfig()).transformation(), wrt=nnx.Param)
         self.graphdef, self.state = nnx.split((model, opt))
-        self._step = jax.jit(functools.partial(_train_step, self.graphdef, spec=self.spec), donate_argnums=0)
+        self._step = jit_train_step(self.graphdef, self.spec)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
     def step(self, batch: jax.Array) -> jax.Array:
