@@ -23,8 +23,8 @@ OPTIMIZERS = MappingProxyType(
 """Optimizer name -> optax transformation factory (the state size is what matters here)."""
 
 CPU_CAVEAT = (
-    "measured with XLA:CPU's buffer assignment, a proxy for GPU/NPU: other backends fuse and "
-    "schedule differently, so expect the peak to differ by roughly 10-20% there"
+    "measured with XLA:CPU's buffer assignment, a proxy for GPU/NPU: their compilers fuse, schedule "
+    "and pad differently, and the size of that difference has not been measured yet (no GPU/NPU run)"
 )
 
 
