@@ -83,6 +83,12 @@ def test_checkpoints_are_not_overwritten_without_force(tmp_path):
     with pytest.raises(FileExistsError, match="--force"):
         train.train(SMALL, **kwargs)
     train.train(SMALL, **kwargs, force=True)
+    # Bad input fails before --force deletes anything.
+    with pytest.raises(ValueError, match="max_len"):
+        train.train(SMALL, **{**kwargs, "seq": SMALL.max_len + 1}, force=True)
+    with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
+        train.train(SMALL, **kwargs, data=tmp_path / "missing.txt", force=True)
+    assert train.latest_step(tmp_path / "c") == 1
     with pytest.raises(ValueError, match="--resume needs --checkpoint-dir"):
         train.train(SMALL, steps=1, batch=2, seq=7, progress=False, resume=True)
     with pytest.raises(ValueError, match=r"config\.n_layers: 3 -> 2"):

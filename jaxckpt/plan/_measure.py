@@ -88,8 +88,6 @@ def measure(
     for name, value in (("batch", batch), ("seq", seq), ("micro_batches", micro_batches)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"measure: {name} must be a positive int, got {value!r}")
-    if seq > config.max_len:
-        raise ValueError(f"measure: seq={seq} exceeds the model's max_len={config.max_len}")
     model, opt = abstract_train_state(config, optimizer)
     graphdef, state = nnx.split((model, opt))
     tokens = jax.ShapeDtypeStruct((micro_batches, batch, seq + 1), jnp.int32)

@@ -106,8 +106,6 @@ def compare(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if seq > config.max_len:
-        raise ValueError(f"seq={seq} exceeds the model's max_len={config.max_len}")
     pairs = [BASELINE] + [r for r in (rows or default_rows()) if tuple(r) != BASELINE]
     for attention, remat in pairs:
         if attention not in ATTENTION:

@@ -31,15 +31,14 @@ class TrainRun:
 
 
 def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -> None:
-    if directory is None:
-        if resume:
-            raise ValueError("--resume needs --checkpoint-dir")
+    if directory is None or resume:
         return
-    if resume or latest_step(directory) is None:
+    latest = latest_step(directory)
+    if latest is None:
         return
     if not force:
         raise FileExistsError(
-            f"{str(directory)!r} already holds checkpoints (latest step {latest_step(directory)}); "
+            f"{str(directory)!r} already holds checkpoints (latest step {latest}); "
             "pass --resume to continue from it or --force to replace it"
         )
     shutil.rmtree(directory)
@@ -131,12 +130,14 @@ def train(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if seq > config.max_len:
-        raise ValueError(f"seq={seq} exceeds the model's max_len={config.max_len}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("--resume needs --checkpoint-dir")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
-    _prepare_checkpoint_dir(directory, resume, force)
     batches = ByteBatches(load_tokens(data), batch, seq, seed=seed, micro_batches=micro_batches)
     trainer = _init_trainer(config, seed, init_from, optimizer)
+    # Compiling checks the sequence against max_len: fail before --force deletes anything.
+    memory = memory_report(trainer.compile(batches.batch_at(0).shape))
+    _prepare_checkpoint_dir(directory, resume, force)
     start = 0
     meta = {
         "config": config.to_dict(),
@@ -149,7 +150,6 @@ def train(
         _check_resumable(read_meta(directory), meta, directory)
         step, trainer.state = restore_checkpoint(directory, trainer.state)
         start = step
-    memory = memory_report(trainer.compile(batches.batch_at(start).shape))
     records = _run_steps(trainer, batches, start, steps, progress, memory, directory, checkpoint_every, meta)
     if directory is not None and records:
         save_checkpoint(directory, steps, trainer.state, meta)

@@ -121,14 +121,15 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec):
     return jax.jit(functools.partial(_train_step, graphdef, spec=spec), donate_argnums=0)
 
 
-def check_batch(batch: jax.Array, max_len: int) -> None:
-    """Raises a ValueError unless ``batch`` is integer ``[M, B, T + 1]`` with ``T <= max_len``."""
+def check_batch(batch: jax.Array) -> None:
+    """Raises a ValueError unless ``batch`` is integer ``[M, B, T + 1]``.
+
+    ``T <= max_len`` is checked once, by the model, when the step is traced.
+    """
     if batch.ndim != 3 or not jnp.issubdtype(batch.dtype, jnp.integer):
         raise ValueError(
             f"batch must be integer tokens [micro_batches, B, T + 1], got {batch.shape=} {batch.dtype=}"
         )
-    if batch.shape[2] - 1 > max_len:
-        raise ValueError(f"sequence length T={batch.shape[2] - 1} exceeds config.max_len={max_len}")
 
 
 class Trainer:
@@ -160,6 +161,7 @@ class Trainer:
 
     def step(self, batch: jax.Array) -> jax.Array:
         """Runs one step on ``batch [M, B, T + 1]`` and returns its mean loss (on device)."""
+        check_batch(batch)
         batch = jnp.asarray(batch, jnp.int32)
         self.state, loss = self.compile(batch.shape)(self.state, batch)
         return loss
@@ -170,7 +172,7 @@ class Trainer:
         batch_shape = tuple(batch_shape)
         if batch_shape not in self._compiled:
             batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
-            check_batch(batch, self.config.max_len)
+            check_batch(batch)
             self._compiled[batch_shape] = self._step.lower(self.state, batch).compile()
         return self._compiled[batch_shape]
 
