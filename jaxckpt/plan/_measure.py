@@ -1,5 +1,6 @@
 """``measure``: XLA's own memory figures for a train step, compiled from abstract inputs."""
 
+import dataclasses
 import math
 from types import MappingProxyType
 
@@ -8,10 +9,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
-from jaxckpt.train import MemoryReport, OptimizerConfig, jit_train_step
+from jaxckpt.train import MemoryReport, OptimizerConfig, jit_train_step, memory_report
 
 OPTIMIZERS = MappingProxyType(
     {
@@ -86,20 +88,14 @@ def measure(
     if devices != 1:
         raise NotImplementedError(f"devices={devices}: per-device (FSDP) measurement is not implemented yet")
     for name, value in (("batch", batch), ("seq", seq), ("micro_batches", micro_batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"measure: {name} must be a positive int, got {value!r}")
+        require_positive_int(name, value, "measure: ")
     model, opt = abstract_train_state(config, optimizer)
     graphdef, state = nnx.split((model, opt))
     tokens = jax.ShapeDtypeStruct((micro_batches, batch, seq + 1), jnp.int32)
     compiled = jit_train_step(graphdef, get_remat(remat)).lower(state, tokens).compile()
-    ma = compiled.memory_analysis()
     params = tree_bytes(nnx.state(model, nnx.Param))
-    return MemoryReport(
-        argument=int(ma.argument_size_in_bytes),
-        output=int(ma.output_size_in_bytes),
-        temp=int(ma.temp_size_in_bytes),
-        alias=int(ma.alias_size_in_bytes),
-        host_temp=int(getattr(ma, "host_temp_size_in_bytes", 0)),
+    return dataclasses.replace(
+        memory_report(compiled, device_stats=False),
         params=params,
         optimizer=tree_bytes(nnx.state(opt)),
         grads=params,

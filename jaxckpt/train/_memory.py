@@ -43,8 +43,11 @@ class MemoryReport:
         return {**dataclasses.asdict(self), "peak": self.peak, "activations": self.activations}
 
 
-def memory_report(compiled: jax.stages.Compiled) -> MemoryReport:
+def memory_report(compiled: jax.stages.Compiled, *, device_stats: bool = True) -> MemoryReport:
     """Reads ``compiled.memory_analysis()`` and the first device's ``memory_stats()``.
+
+    ``device_stats=False`` leaves the live device counters out (for a step that was
+    only compiled, never run, they say nothing about it).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -59,7 +62,7 @@ def memory_report(compiled: jax.stages.Compiled) -> MemoryReport:
         temp=int(ma.temp_size_in_bytes),
         alias=int(ma.alias_size_in_bytes),
         host_temp=int(getattr(ma, "host_temp_size_in_bytes", 0)),
-        device=device_memory_stats(),
+        device=device_memory_stats() if device_stats else None,
     )
 
 
