@@ -5,6 +5,7 @@ from types import MappingProxyType
 
 import jax.numpy as jnp
 
+from jaxckpt._checks import require_positive_int
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 
@@ -83,7 +84,7 @@ class TransformerConfig:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_len"):
-            _positive(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name), "TransformerConfig: ")
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise ValueError(
@@ -91,7 +92,7 @@ class TransformerConfig:
                     "set head_dim explicitly"
                 )
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
-        _positive("head_dim", self.head_dim)
+        require_positive_int("head_dim", self.head_dim, "TransformerConfig: ")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"TransformerConfig: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (GQA)"
@@ -150,11 +151,6 @@ class TransformerConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown config preset {name!r}; valid presets: {', '.join(PRESETS)}")
         return PRESETS[name].replace(**overrides)
-
-
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"TransformerConfig: {name} must be a positive int, got {value!r}")
 
 
 def _choice(name: str, value, choices: tuple) -> None:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 from rich.progress import Progress
 
+from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig
 from jaxckpt.remat import get as get_remat
 from jaxckpt.remat import has_pinned_host
@@ -104,8 +105,7 @@ def compare(
         >>> [(r["attention"], r["remat"]) for r in out["rows"]]
         [('reference', 'none'), ('flash', 'full')]
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    require_positive_int("steps", steps)
     pairs = [BASELINE] + [r for r in (rows or default_rows()) if tuple(r) != BASELINE]
     for attention, remat in pairs:
         if attention not in ATTENTION:

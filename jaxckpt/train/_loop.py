@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
+from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._data import ByteBatches, load_tokens
@@ -128,8 +129,7 @@ def train(
         >>> [s["step"] for s in run.steps]
         [0, 1]
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    require_positive_int("steps", steps)
     if resume and checkpoint_dir is None:
         raise ValueError("--resume needs --checkpoint-dir")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
