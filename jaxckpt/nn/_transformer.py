@@ -28,7 +28,9 @@ def _layer(x: jax.Array, block: Block) -> jax.Array:
     return block(x)
 
 
-_scan_layers = nnx.scan(_layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+def _scan(segment: Callable[[jax.Array, Block], jax.Array]) -> Callable[[jax.Array, Block], jax.Array]:
+    """``segment`` scanned over the leading (layer or segment) axis of the blocks, x the carry."""
+    return nnx.scan(segment, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
 
 
 def _take_layers(blocks: Block, start: int, stop: int, group: int | None = None) -> Block:
@@ -53,14 +55,12 @@ def remat_segment(spec: RematSpec, k: int) -> Callable[[jax.Array, Block], jax.A
     the segment's. A disabled spec gives the plain (un-remat'd) layer or scan.
     """
     if not spec.enabled:
-        return _layer if k == 1 else _scan_layers
+        return _layer if k == 1 else _scan(_layer)
     policy = spec.policy()
     layer = nnx.remat(_layer, policy=policy, prevent_cse=False)
     if k == 1:
         return layer
-    return nnx.remat(
-        nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry), policy=policy, prevent_cse=False
-    )
+    return nnx.remat(_scan(layer), policy=policy, prevent_cse=False)
 
 
 def segment_sizes(spec: RematSpec, n_layers: int) -> tuple[int, int]:
@@ -83,7 +83,7 @@ def run_blocks(blocks: Block, x: jax.Array, spec: RematSpec, n_layers: int) -> j
     When k does not divide ``n_layers`` the last segment is shorter.
     """
     k, n_full = segment_sizes(spec, n_layers)
-    scan_segments = nnx.scan(remat_segment(spec, k), in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    scan_segments = _scan(remat_segment(spec, k))
     if k == 1:
         return scan_segments(x, blocks)
     x = scan_segments(x, _take_layers(blocks, 0, k * n_full, k))
