@@ -38,9 +38,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Builds the config, trains, and prints the result."""
-    overrides = {k: v for k, v in (("n_layers", args.layers), ("remat", args.remat)) if v is not None}
-    if args.attention is not None:
-        overrides["attention"] = args.attention
+    given = (("n_layers", args.layers), ("remat", args.remat), ("attention", args.attention))
+    overrides = {k: v for k, v in given if v is not None}
     config = nn.TransformerConfig.preset(args.config, **overrides)
     result = train.train(
         config,
