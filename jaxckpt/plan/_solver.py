@@ -230,9 +230,9 @@ def solve(
             constraint(coefs, 0, np.inf)  # run_p + keep + off >= run_o
     # bytes: a tag's values, counted once per layer; kept tags shrink the working set too
     tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
-    params, opt = state_bytes(config, optimizer)
     base = predict(config, batch, seq, RematSpec(), optimizer=optimizer, micro_batches=micro_batches)
     fixed = base.params + base.grads + base.optimizer + base.inputs
+    params = base.params
     x = graph.values["x"].nbytes
     embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
     layer_params = (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
