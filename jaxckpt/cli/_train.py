@@ -13,7 +13,11 @@ def add_parser(sub) -> None:
     """Registers ``train`` on the subcommand parser ``sub``."""
     p = sub.add_parser("train", help="train a model on a text file (default: the built-in corpus)")
     p.add_argument("--config", default="tiny", help=f"model preset ({', '.join(nn.PRESETS)})")
-    p.add_argument("--remat", help=f"remat preset ({', '.join(remat.PRESETS)}); default: the config's")
+    p.add_argument(
+        "--remat",
+        help=f"remat preset ({', '.join(remat.PRESETS)}), or 'auto' (needs --budget); default: the config's",
+    )
+    p.add_argument("--budget", help="device memory for --remat auto, e.g. 30GiB, 32GB or bytes")
     p.add_argument(
         "--attention", help=f"attention implementation ({', '.join(implementations())}); default: auto"
     )
@@ -38,7 +42,12 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Builds the config, trains, and prints the result."""
-    given = (("n_layers", args.layers), ("remat", args.remat), ("attention", args.attention))
+    given = (
+        ("n_layers", args.layers),
+        ("remat", args.remat),
+        ("attention", args.attention),
+        ("budget", args.budget),
+    )
     overrides = {k: v for k, v in given if v is not None}
     config = nn.TransformerConfig.preset(args.config, **overrides)
     result = train.train(
@@ -67,5 +76,12 @@ def run(args: argparse.Namespace) -> int:
             f"loss {first['loss']:.4f} (step {first['step']}) -> {last['loss']:.4f} (step {last['step']})"
         )
     m = result.memory
+    if result.plan is not None:
+        p = result.plan
+        console.print(
+            f"remat auto: {p.remat} {sorted(map(str, p.spec.save))}, measured peak "
+            f"{p.measured.peak / 2**20:.1f} MiB <= budget {p.budget / 2**20:.1f} MiB, "
+            f"recompute {100 * p.recompute_fraction:.1f}% of step FLOPs"
+        )
     console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
     return 0

@@ -6,7 +6,8 @@ from types import MappingProxyType
 import jax.numpy as jnp
 
 from jaxckpt._checks import require_positive_int
-from jaxckpt.remat import RematSpec
+from jaxckpt._sizes import parse_size
+from jaxckpt.remat import AUTO, RematSpec
 from jaxckpt.remat import get as get_remat
 
 FAMILY_DEFAULTS = MappingProxyType(
@@ -41,7 +42,10 @@ class TransformerConfig:
         tie_embeddings: the head reuses the token embedding.
         dtype: compute dtype. param_dtype: storage dtype of the parameters.
         attention: ``flash_attention`` implementation (None = automatic).
-        remat: a ``jaxckpt.remat`` preset name or ``RematSpec``.
+        remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``: the
+            planner picks the spec of least recompute that fits ``budget`` when training
+            starts (it needs the batch and sequence length).
+        budget: device memory for ``remat="auto"``: bytes, or text such as ``"30GiB"``.
 
     Example:
         >>> from jaxckpt.nn import TransformerConfig
@@ -68,6 +72,7 @@ class TransformerConfig:
     param_dtype: str = "float32"
     attention: str | None = None
     remat: str | RematSpec = "full"
+    budget: int | str | None = None
     norm: str | None = None
     activation: str | None = None
     positions: str | None = None
@@ -106,7 +111,13 @@ class TransformerConfig:
         _choice("param_dtype", self.param_dtype, DTYPES)
         if not self.norm_eps > 0:
             raise ValueError(f"TransformerConfig: norm_eps must be > 0, got {self.norm_eps}")
-        get_remat(self.remat)
+        if self.budget is not None:
+            object.__setattr__(self, "budget", parse_size(self.budget, "TransformerConfig: budget"))
+        if self.remat == AUTO:
+            if self.budget is None:
+                raise ValueError("TransformerConfig: remat='auto' needs a budget (bytes, or e.g. '30GiB')")
+        else:
+            get_remat(self.remat)
 
     @property
     def remat_spec(self) -> RematSpec:

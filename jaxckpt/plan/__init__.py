@@ -11,8 +11,9 @@ Example:
     True
 """
 
+from jaxckpt._sizes import format_bytes, parse_size
 from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict, state_bytes
-from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset, format_bytes, parse_size
+from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import CPU_CAVEAT, OPTIMIZERS, abstract_train_state, measure, tree_bytes
 from jaxckpt.plan._solver import (

@@ -23,6 +23,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from jaxckpt._checks import require_positive_int
+from jaxckpt._sizes import format_bytes
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._analytic import (
     Prediction,
@@ -32,7 +33,7 @@ from jaxckpt.plan._analytic import (
     saved_tags,
     state_bytes,
 )
-from jaxckpt.plan._devices import DEVICES, DevicePreset, format_bytes
+from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import measure
 from jaxckpt.remat import PRESETS, RematSpec, Tag

@@ -11,11 +11,12 @@ Example:
 """
 
 from jaxckpt.remat._describe import RematReport, Residual, describe
-from jaxckpt.remat._presets import PRESETS, get
+from jaxckpt.remat._presets import AUTO, PRESETS, get
 from jaxckpt.remat._spec import RematSpec, has_pinned_host, require_pinned_host
 from jaxckpt.remat._tags import Tag
 
 __all__ = [
+    "AUTO",
     "PRESETS",
     "RematReport",
     "RematSpec",

@@ -24,6 +24,10 @@ PRESETS: MappingProxyType[str, RematSpec] = MappingProxyType(
 """Preset name -> ``RematSpec``. ``ratio_r`` keeps one layer boundary in every ``1/r``."""
 
 
+AUTO = "auto"
+"""The remat value that asks the planner (``jaxckpt.plan.plan_memory``) for a spec."""
+
+
 def get(spec: "str | RematSpec") -> RematSpec:
     """Returns the ``RematSpec`` for a preset name, or ``spec`` itself.
 
@@ -45,7 +49,12 @@ def get(spec: "str | RematSpec") -> RematSpec:
     if isinstance(spec, RematSpec):
         return spec
     if isinstance(spec, str):
+        if spec == AUTO:
+            raise ValueError(
+                "remat='auto' is chosen by the planner for a batch, a sequence length and a budget: "
+                "jaxckpt.train.train resolves it (with config.budget), or call jaxckpt.plan.plan_memory"
+            )
         if spec not in PRESETS:
-            raise ValueError(f"unknown remat preset {spec!r}; valid presets: {', '.join(PRESETS)}")
+            raise ValueError(f"unknown remat preset {spec!r}; valid presets: {', '.join(PRESETS)}, or 'auto'")
         return PRESETS[spec]
     raise TypeError(f"remat must be a preset name or a RematSpec, got {type(spec).__name__}: {spec!r}")

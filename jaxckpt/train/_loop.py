@@ -11,6 +11,7 @@ from flax import nnx
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._data import ByteBatches, load_tokens
 from jaxckpt.train._memory import MemoryReport, memory_report
@@ -25,10 +26,17 @@ class TrainRun:
     steps: list[dict]
     memory: MemoryReport
     trainer: Trainer = dataclasses.field(repr=False)
+    plan: object = None
+    """The planner's ``MemoryPlan`` when the config asked for ``remat="auto"``, else None."""
 
     def to_dict(self) -> dict:
-        """``{"steps": [{"step", "loss", "step_seconds"}], "temp_bytes", "memory"}``."""
-        return {"steps": self.steps, "temp_bytes": self.memory.temp, "memory": self.memory.to_dict()}
+        """``{"steps": [{"step", "loss", "step_seconds"}], "temp_bytes", "memory", "plan"}``."""
+        return {
+            "steps": self.steps,
+            "temp_bytes": self.memory.temp,
+            "memory": self.memory.to_dict(),
+            "plan": None if self.plan is None else self.plan.to_dict(),
+        }
 
 
 def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -> None:
@@ -100,6 +108,9 @@ def train(
 ) -> TrainRun:
     """Trains a ``Transformer`` on byte-level text; the remat spec is ``config.remat``.
 
+    With ``config.remat == "auto"`` the planner first picks the spec of least
+    recompute whose compiled step fits ``config.budget`` (``TrainRun.plan``).
+
     Step ``s`` always trains on the same batch (a pure function of ``seed`` and
     ``s``), so resuming from a checkpoint reproduces the uninterrupted run.
 
@@ -134,6 +145,12 @@ def train(
         raise ValueError("--resume needs --checkpoint-dir")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     batches = ByteBatches(load_tokens(data), batch, seq, seed=seed, micro_batches=micro_batches)
+    plan = None
+    if config.remat == AUTO:
+        from jaxckpt.plan import plan_memory  # the planner compiles train steps: imported here
+
+        plan = plan_memory(config, batch, seq, config.budget, micro_batches=micro_batches)
+        config = config.replace(remat=plan.spec)
     trainer = _init_trainer(config, seed, init_from, optimizer)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(batches.batch_at(0).shape))
@@ -153,7 +170,7 @@ def train(
     records = _run_steps(trainer, batches, start, steps, progress, memory, directory, checkpoint_every, meta)
     if directory is not None and records:
         save_checkpoint(directory, steps, trainer.state, meta)
-    return TrainRun(records, memory, trainer)
+    return TrainRun(records, memory, trainer, plan)
 
 
 def _run_steps(trainer, batches, start, steps, progress, memory, directory, every, meta) -> list[dict]:
