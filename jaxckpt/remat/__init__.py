@@ -10,6 +10,7 @@ Example:
     ['attn_lse', 'attn_out']
 """
 
+from jaxckpt.remat._by_cost import by_cost, tag_flops_per_byte
 from jaxckpt.remat._describe import RematReport, Residual, describe
 from jaxckpt.remat._presets import AUTO, PRESETS, get
 from jaxckpt.remat._spec import RematSpec, has_pinned_host, require_pinned_host
@@ -22,8 +23,10 @@ __all__ = [
     "RematSpec",
     "Residual",
     "Tag",
+    "by_cost",
     "describe",
     "get",
     "has_pinned_host",
     "require_pinned_host",
+    "tag_flops_per_byte",
 ]

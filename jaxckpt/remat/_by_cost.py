@@ -1,0 +1,54 @@
+"""``by_cost``: the seed article's "smart checkpoint" rule, made precise.
+
+The seed saves an op's output when its measured cost exceeds a fixed 10 ms. Here the
+cost is per byte kept: a tag is saved when the FLOPs of recomputing it, per byte it
+would occupy, exceed ``threshold``. The rule looks at one tag at a time; the planner
+(``jaxckpt.plan.plan_memory``) weighs them together under a budget and does better
+(``benchmarks/bench_planner.py``).
+"""
+
+from jaxckpt.remat._spec import RematSpec
+from jaxckpt.remat._tags import Tag
+
+
+def tag_flops_per_byte(config, seq: int) -> dict[Tag, float]:
+    """For each tag of one layer: forward FLOPs of the ops producing it per byte of it.
+
+    The ratio does not depend on the batch size (both scale with it).
+    """
+    from jaxckpt.plan import layer_graph  # the planner depends on jaxckpt.remat, not the reverse
+
+    graph = layer_graph(config, 1, seq)
+    flops: dict[Tag, float] = {}
+    nbytes: dict[Tag, int] = {}
+    for op in graph.ops:
+        for name in op.outputs:
+            tag = graph.values[name].tag
+            if tag is None or tag == Tag.LAYER_INPUT:
+                continue
+            flops[tag] = flops.get(tag, 0) + op.flops
+            nbytes[tag] = nbytes.get(tag, 0) + graph.values[name].nbytes
+    return {tag: flops[tag] / nbytes[tag] for tag in flops}
+
+
+def by_cost(threshold: float, config, seq: int) -> RematSpec:
+    """Saves every tag whose recompute FLOPs per byte exceed ``threshold``.
+
+    Args:
+        threshold: FLOPs per byte (>= 0). 0 saves every tag; a huge value saves none.
+        config: the ``jaxckpt.nn.TransformerConfig``. seq: the sequence length
+            (attention's FLOPs per byte grow with it).
+
+    Returns:
+        A per-layer ``RematSpec``.
+
+    Example:
+        >>> from jaxckpt import nn, remat
+        >>> spec = remat.by_cost(50.0, nn.TransformerConfig.preset("tiny"), seq=256)
+        >>> sorted(map(str, spec.save))  # matmul outputs and attention, not the cheap norms
+        ['attn_lse', 'attn_out', 'k_proj', 'mlp_down', 'mlp_gate', 'mlp_up', 'out_proj', 'q_proj', 'v_proj']
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 0:
+        raise ValueError(f"by_cost: threshold must be a number of FLOPs per byte >= 0, got {threshold!r}")
+    ratios = tag_flops_per_byte(config, seq)
+    return RematSpec(save={tag for tag, ratio in ratios.items() if ratio > threshold})
