@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import math
 
+import jax
 from flax import nnx
 
 from jaxckpt._checks import require_positive_int
@@ -59,14 +60,32 @@ def state_bytes(config: TransformerConfig, optimizer: str = "adamw") -> tuple[in
     return tree_bytes(nnx.state(model, nnx.Param)), tree_bytes(nnx.state(opt))
 
 
-def layer_working_set(
-    graph: LayerGraph, config: TransformerConfig, batch: int, seq: int, layer_params: int
-) -> int:
-    """Bytes in flight while one layer runs its backward pass.
+@functools.lru_cache(maxsize=64)
+def update_workspace(config: TransformerConfig, optimizer: str = "adamw") -> int:
+    """Bytes the optimizer update needs after the backward pass (the activations' buffers are free).
 
-    Its residuals (recomputed or kept), its weight-gradient slice, two cotangents of
-    width F and two of width D, and one attention tile.
+    AdamW's update is one params-sized tree; Adafactor's factored update goes one
+    parameter at a time (the largest one); SGD updates in place.
     """
+    if optimizer == "sgd":
+        return 0
+    model, _ = abstract_train_state(config, optimizer)
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    if optimizer == "adafactor":
+        return max(tree_bytes(leaf) for leaf in leaves)
+    return tree_bytes(leaves)
+
+
+def layer_working_set(config: TransformerConfig, batch: int, seq: int, optimizer: str = "adamw") -> int:
+    """Bytes in flight while one layer runs its backward pass under full remat.
+
+    Its residuals (recomputed), its weight-gradient slice, two cotangents of width F
+    and two of width D, and one attention tile.
+    """
+    graph = layer_graph(config, batch, seq)
+    params, _ = state_bytes(config, optimizer)
+    embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
+    layer_params = (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
     n, e = batch * seq, config.compute_dtype.itemsize
     cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
     return graph.residual_bytes() + layer_params + cotangents + graph.attention_tile
@@ -108,10 +127,8 @@ def predict(
     spec = get_remat(remat)
     params, opt = state_bytes(config, optimizer)
     graph = layer_graph(config, batch, seq)
-    embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
-    layer_params = (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
     stored = stored_per_layer(graph, spec, config.n_layers)
-    layer = layer_working_set(graph, config, batch, seq, layer_params)
+    layer = layer_working_set(config, batch, seq, optimizer)
     if spec.enabled:  # what a layer keeps is not recomputed, so not held twice
         layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
     working = max(layer, head_working_set(config, batch, seq))
@@ -121,7 +138,7 @@ def predict(
         params=params,
         grads=grads,
         optimizer=opt,
-        activations=max(activations, params),  # the update reuses the activations' buffers
+        activations=max(activations, update_workspace(config, optimizer)),
         inputs=micro_batches * batch * (seq + 1) * 4,
     )
 

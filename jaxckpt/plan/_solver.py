@@ -32,6 +32,7 @@ from jaxckpt.plan._analytic import (
     predict,
     saved_tags,
     state_bytes,
+    update_workspace,
 )
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
@@ -233,15 +234,12 @@ def solve(
     tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
     base = predict(config, batch, seq, RematSpec(), optimizer=optimizer, micro_batches=micro_batches)
     fixed = base.params + base.grads + base.optimizer + base.inputs
-    params = base.params
     x = graph.values["x"].nbytes
-    embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
-    layer_params = (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
-    working = layer_working_set(graph, config, batch, seq, layer_params)
+    working = layer_working_set(config, batch, seq, optimizer)
     head = head_working_set(config, batch, seq)
     n = config.n_layers
     room = budget - fixed
-    if room < params:  # the update's params-sized buffer alone does not fit
+    if room < update_workspace(config, optimizer):  # the optimizer update alone does not fit
         return None
     # n*(x + K) + working - K <= room, and n*(x + K) + head <= room
     constraint({keep[t]: (n - 1) * tag_bytes[t] for t in tags}, -np.inf, room - n * x - working)
