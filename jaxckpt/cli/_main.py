@@ -8,7 +8,7 @@ import jax
 
 import jaxckpt
 from jaxckpt.attention import available_implementations, implementations
-from jaxckpt.cli import _compare, _train
+from jaxckpt.cli import _compare, _plan, _train
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_info)
     _compare.add_parser(sub)
     _train.add_parser(sub)
+    _plan.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,278 @@
+"""``jaxckpt plan``: the cheapest remat spec under a memory budget, next to what every preset needs.
+
+One row per remat preset, predicted from shapes (``plan.choice``, no compile), and
+the spec ``plan.plan_memory`` chose, whose peak XLA measured. The measurement is
+XLA:CPU's (``plan.CPU_CAVEAT``); the budget is a device preset's memory or a size.
+
+Example:
+    $ jaxckpt plan --model tiny --batch 2 --seq 64 --budget 20MiB
+    (a table: remat, params, grads, optimizer, activations, total, fits, recompute,
+    measured; the chosen row is starred; the caption gives the budget and minimum)
+
+    $ jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910
+    (every row needs about 125 GiB against 29.80 GiB: the table, then the smallest peak
+    and what would fit on stderr, exit status 1)
+"""
+
+import argparse
+import json
+import sys
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+from jaxckpt import nn, plan, remat
+
+PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+"""``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
+
+_SIZE_COLUMNS = (
+    ("params", "params_bytes"),
+    ("grads", "grads_bytes"),
+    ("optimizer", "optimizer_bytes"),
+    ("activations", "activation_bytes"),
+    ("total", "total_bytes"),
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return plan.parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def add_parser(sub) -> None:
+    """Registers ``plan`` on the subcommand parser ``sub``."""
+    p = sub.add_parser(
+        "plan",
+        help="the cheapest remat spec that fits a memory budget, and what every preset needs",
+        description="Predicts params, gradients, optimizer state and activations of a train step "
+        "under every remat preset (from shapes, no compile), solves for the spec of least recompute "
+        "that fits the budget and checks it against XLA's compiled memory analysis (on CPU).",
+    )
+    p.add_argument("--model", required=True, choices=list(nn.PRESETS), help="model preset")
+    p.add_argument("--batch", required=True, type=_positive_int, help="sequences per micro-batch")
+    p.add_argument("--seq", required=True, type=_positive_int, help="tokens per sequence")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument(
+        "--device",
+        choices=list(plan.DEVICES),
+        help="plan for this device: its memory is the budget, its matmul rate prices recompute",
+    )
+    budget.add_argument("--budget", type=_size, help="bytes per device: 32GB, 30GiB, 512MiB or a number")
+    p.add_argument(
+        "--devices", type=_positive_int, default=1, help="devices to shard over (only 1 is supported yet)"
+    )
+    p.add_argument("--optimizer", default="adamw", choices=list(plan.OPTIMIZERS), help="default: adamw")
+    p.add_argument(
+        "--param-dtype", choices=list(PARAM_DTYPES), help="parameter storage dtype; default: the model's"
+    )
+    p.add_argument(
+        "--micro-batches", type=_positive_int, default=1, help="micro-batches accumulated per step"
+    )
+    p.add_argument(
+        "--headroom", type=_fraction, default=0.0, help="fraction of the budget kept free (default 0)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plans, prints the table (or JSON); returns 0, or 1 when nothing fits the budget."""
+    overrides = {} if args.param_dtype is None else {"param_dtype": PARAM_DTYPES[args.param_dtype]}
+    config = nn.TransformerConfig.preset(args.model, **overrides)
+    device = plan.device_preset(args.device or "cpu")
+    budget = device.memory if args.device else args.budget
+    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches)
+    chosen, error = None, None
+    try:
+        chosen = plan.plan_memory(
+            config,
+            args.batch,
+            args.seq,
+            budget,
+            devices=args.devices,
+            headroom=args.headroom,
+            device=device,
+            **size,
+        )
+    except NotImplementedError as err:
+        raise ValueError(f"--devices {args.devices}: not yet supported ({err})") from err
+    except plan.BudgetError as err:
+        error = err
+    result = report(args, config, budget, chosen, error)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console = Console()
+        t = table(result)
+        wide = console.options.update_width(1000)
+        console.width = max(console.width, Measurement.get(console, wide, t).maximum)  # never wrap it
+        console.print(t)
+        if chosen is not None:
+            console.print(_chosen_line(result["chosen"]))
+            console.print(_attempts_line(result["attempts"]))
+    if error is not None:
+        print(f"jaxckpt plan: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    config: nn.TransformerConfig,
+    budget: int,
+    chosen: "plan.MemoryPlan | None",
+    error: "plan.BudgetError | None",
+) -> dict:
+    """The JSON-ready result: one row per preset (and the solved spec), and the choice.
+
+    ``chosen`` is the ``MemoryPlan``, or None with ``error`` the ``BudgetError``.
+    """
+    batch, seq, headroom = args.batch, args.seq, args.headroom
+    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches)
+    limit = int(budget * (1 - headroom))
+    step = plan.step_flops(config, batch, seq, size["micro_batches"])
+    names = [n for n in remat.PRESETS if remat.has_pinned_host() or not remat.PRESETS[n].offload]
+    rows = [_row(name, plan.choice(config, batch, seq, name, **size), limit, step) for name in names]
+    if chosen is not None and chosen.remat not in names:
+        c = plan.Choice(chosen.spec, chosen.predicted, chosen.recompute_flops, 0)
+        rows.append(_row(chosen.remat, c, limit, step))
+    if chosen is not None:  # both predicted: the planner's full-remat figure and the rows'
+        minimum, source = min([int(chosen.minimum_bytes)] + [r["total_bytes"] for r in rows]), "predicted"
+    else:
+        minimum, source = int(error.minimum_bytes), "measured"
+    result = {
+        "budget_bytes": int(budget),
+        "headroom": headroom,
+        "usable_bytes": limit,
+        "minimum_bytes": minimum,
+        "minimum_source": source,
+        "step_flops": step,
+        "rows": rows,
+        "chosen": None,
+        "caveat": plan.CPU_CAVEAT,
+        "offload_rows": "shown" if remat.has_pinned_host() else "omitted: no pinned_host memory here",
+        "model": args.model,
+        "device": args.device,
+        "config": {"batch": batch, "seq": seq, "param_dtype": config.param_dtype, **size},
+    }
+    if chosen is not None:
+        spec = {
+            k: list(map(str, v)) if isinstance(v, list) else v for k, v in plan.spec_dict(chosen.spec).items()
+        }
+        result["chosen"] = {**chosen.to_dict(), "spec": spec, "predicted_bytes": int(chosen.predicted.total)}
+        result["attempts"] = [  # every spec the planner compiled, in order
+            {"remat": plan.spec_name(s), "predicted_bytes": int(p.total), "measured_bytes": int(m.peak)}
+            for s, p, m in chosen.attempts
+        ]
+    else:
+        result["error"] = str(error)
+    return result
+
+
+def _row(name: str, c: "plan.Choice", limit: int, step: int) -> dict:
+    p = c.predicted
+    total = int(p.total)
+    return {
+        "remat": name,
+        "params_bytes": int(p.params),
+        "grads_bytes": int(p.grads),
+        "optimizer_bytes": int(p.optimizer),
+        "activation_bytes": int(p.activations),
+        "total_bytes": total,
+        "fits": total <= limit,
+        "recompute_flops": int(c.recompute_flops),
+        "recompute_fraction": c.recompute_flops / step,
+    }
+
+
+def table(result: dict) -> Table:
+    """The rows as a rich table; the chosen one starred, with XLA's measured peak."""
+    c, rows = result["config"], result["rows"]
+    micro = f" x{c['micro_batches']} micro-batches" if c["micro_batches"] > 1 else ""
+    title = (
+        f"{result['model']} B={c['batch']} T={c['seq']}{micro}, {c['optimizer']}, {c['param_dtype']} params"
+    )
+    budget = plan.format_bytes(result["budget_bytes"])
+    if result["device"]:
+        budget += f" ({result['device']}, {result['budget_bytes'] / 1e9:g} GB)"
+    if result["headroom"]:
+        budget += f" less {result['headroom']:.0%} headroom"
+    source = "predicted" if result["minimum_source"] == "predicted" else "measured by XLA"
+    notes = [
+        f"budget {budget}; smallest peak {plan.format_bytes(result['minimum_bytes'])} ({source})",
+        "sizes and fits are predicted from shapes; recompute: extra FLOPs as a share of a step's",
+    ]
+    if any(r["activation_bytes"] == r["params_bytes"] for r in rows):
+        notes.append("activations equal to params are the floor: the update reuses their buffers")
+    if result["offload_rows"] != "shown":
+        notes.append(f"offload presets {result['offload_rows']}")
+    notes.append(f"XLA peaks were {result['caveat']}")
+    caption = ". ".join(n[0].upper() + n[1:] for n in notes) + "."
+    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
+    t.add_column("remat", justify="left")
+    for header, _ in _SIZE_COLUMNS:
+        t.add_column(header, justify="right")
+    for header in ("fits", "recompute", "measured"):
+        t.add_column(header, justify="right")
+    chosen = result["chosen"]
+    for r in result["rows"]:
+        is_chosen = chosen is not None and r["remat"] == chosen["remat"]
+        t.add_row(
+            ("* " if is_chosen else "  ") + r["remat"],
+            *(plan.format_bytes(r[key]) for _, key in _SIZE_COLUMNS),
+            "yes" if r["fits"] else "no",
+            _percent(r["recompute_fraction"]),
+            plan.format_bytes(chosen["measured_bytes"]) if is_chosen else "",
+            style="bold" if is_chosen else None,
+        )
+    return t
+
+
+def _percent(fraction: float) -> str:
+    return "<0.1%" if 0 < fraction < 0.001 else f"{fraction:.1%}"
+
+
+def _chosen_line(chosen: dict) -> str:
+    """One line on the chosen spec: what a solved spec keeps per layer, and XLA's peak."""
+    spec, what = chosen["spec"], "a preset"
+    if chosen["remat"] == "solved":
+        what = f"keeps {', '.join(spec['save']) or 'only the layer input'} per layer"
+        if spec["offload"]:
+            what += f", offloads {', '.join(spec['offload'])}"
+        what += ", recomputes the rest"
+    peak = plan.format_bytes(chosen["measured_bytes"])
+    return f"* chosen: {chosen['remat']} ({what}); XLA:CPU measured a {peak} peak"
+
+
+def _attempts_line(attempts: list[dict]) -> str:
+    """The specs the planner compiled: predicted -> measured, so a miss of the model shows."""
+    tried = "; ".join(
+        f"{a['remat']} {plan.format_bytes(a['predicted_bytes'])} -> {plan.format_bytes(a['measured_bytes'])}"
+        for a in attempts
+    )
+    return f"  compiled (predicted -> XLA:CPU): {tried}"
