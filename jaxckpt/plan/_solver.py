@@ -77,7 +77,7 @@ class MemoryPlan:
         measured: XLA's figures for ``spec`` (``measured.peak <= budget``).
         recompute_flops: forward FLOPs the backward pass repeats, per step.
         step_flops: FLOPs of one step without remat (forward + backward).
-        minimum_bytes: the smallest predicted peak of any spec.
+        minimum_bytes: the predicted peak of ``full`` remat (the least of the per-layer specs).
         attempts: every ``(spec, predicted, measured)`` compiled on the way.
     """
 
@@ -372,7 +372,9 @@ def _infeasible_message(config, batch, seq, limit, smallest, size) -> str:
     hints = []
     for m in (2, 4, 8, 16, 32):
         if batch % m == 0 and full(batch // m, micro_batches=m * size["micro_batches"]) <= limit:
-            hints.append(f"--micro-batches {m} (batch {batch // m} per micro-batch)")
+            hints.append(
+                f"--batch {batch // m} --micro-batches {m * size['micro_batches']} (same tokens per step)"
+            )
             break
     for t in (seq // 2, seq // 4, seq // 8):
         if t >= 1 and full(t) <= limit:
@@ -383,9 +385,11 @@ def _infeasible_message(config, batch, seq, limit, smallest, size) -> str:
             hints.append(f"--optimizer {opt}")
             break
     params, opt_bytes = state_bytes(config, size["optimizer"])
-    state = 2 * params + opt_bytes
-    shards = math.ceil(state / max(limit - (full() - state), 1)) if full() - state < limit else None
-    if shards:
+    # FSDP shards the state (params, gradients, optimizer) and the update, not the activations
+    sharded = 2 * params + opt_bytes + update_workspace(config, size["optimizer"])
+    unsharded = full(optimizer="sgd") - 2 * params  # SGD: no state, no update workspace
+    shards = math.ceil(sharded / (limit - unsharded)) if unsharded < limit else None
+    if shards and shards > 1:
         hints.append(f"about {shards} devices with FSDP (sharded training is not implemented yet)")
     hint = "; ".join(hints) if hints else "a larger device"
     return (
