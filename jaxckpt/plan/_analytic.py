@@ -76,19 +76,23 @@ def update_workspace(config: TransformerConfig, optimizer: str = "adamw") -> int
     return tree_bytes(leaves)
 
 
-def layer_working_set(config: TransformerConfig, batch: int, seq: int, optimizer: str = "adamw") -> int:
+def layer_working_set(config: TransformerConfig, batch: int, seq: int) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
     Its residuals (recomputed), its weight-gradient slice, two cotangents of width F
     and two of width D, and one attention tile.
     """
     graph = layer_graph(config, batch, seq)
-    params, _ = state_bytes(config, optimizer)
-    embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
-    layer_params = (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
     n, e = batch * seq, config.compute_dtype.itemsize
     cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
-    return graph.residual_bytes() + layer_params + cotangents + graph.attention_tile
+    return graph.residual_bytes() + layer_param_bytes(config) + cotangents + graph.attention_tile
+
+
+def layer_param_bytes(config: TransformerConfig) -> int:
+    """Bytes of one layer's parameters (the embeddings and head left out)."""
+    params, _ = state_bytes(config, "sgd")
+    embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
+    return (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
 
 
 def head_working_set(config: TransformerConfig, batch: int, seq: int) -> int:
@@ -128,9 +132,13 @@ def predict(
     params, opt = state_bytes(config, optimizer)
     graph = layer_graph(config, batch, seq)
     stored = stored_per_layer(graph, spec, config.n_layers)
-    layer = layer_working_set(config, batch, seq, optimizer)
+    layer = layer_working_set(config, batch, seq)
     if spec.enabled:  # what a layer keeps is not recomputed, so not held twice
         layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
+        if config.n_layers > spec.layers_per_checkpoint > 1:
+            # a segment's backward pass slices k layers' parameters and their gradients
+            # out of the stacks (measured: XLA copies both)
+            layer += 2 * spec.layers_per_checkpoint * layer_param_bytes(config)
     working = max(layer, head_working_set(config, batch, seq))
     activations = config.n_layers * stored + working
     grads = params * (2 if micro_batches > 1 else 1)

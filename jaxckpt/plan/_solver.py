@@ -236,7 +236,7 @@ def solve(
     base = predict(config, batch, seq, RematSpec(), optimizer=optimizer, micro_batches=micro_batches)
     fixed = base.params + base.grads + base.optimizer + base.inputs
     x = graph.values["x"].nbytes
-    working = layer_working_set(config, batch, seq, optimizer)
+    working = layer_working_set(config, batch, seq)
     head = head_working_set(config, batch, seq)
     n = config.n_layers
     room = budget - fixed
