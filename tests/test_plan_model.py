@@ -102,3 +102,15 @@ def test_predict_rejects_bad_input():
         plan.predict(cfg, 1, 8, "full", optimizer="lion")
     with pytest.raises(ValueError, match="auto"):
         plan.predict(cfg, 1, 8, "auto")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "attention"), [("gpt2", "blockwise"), ("gpt2", "reference"), ("tiny", "blockwise")]
+)
+def test_per_layer_residuals_without_remat_match_the_measured_slope(family, attention):
+    """One more layer adds what ``residual_bytes`` says (Korthikanti's formula is the baseline;
+    it counts 16-bit tensors and dropout masks, so it sits far below an fp32 model)."""
+    cfg = nn.TransformerConfig.preset(family, n_layers=2, vocab_size=512, attention=attention)
+    two, three = (plan.measure(cfg.replace(n_layers=n), 2, 128, "none").activations for n in (2, 3))
+    assert plan.layer_graph(cfg, 2, 128).residual_bytes() == pytest.approx(three - two, rel=0.05)

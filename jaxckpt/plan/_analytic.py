@@ -79,13 +79,13 @@ def update_workspace(config: TransformerConfig, optimizer: str = "adamw") -> int
 def layer_working_set(config: TransformerConfig, batch: int, seq: int) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
-    Its residuals (recomputed), its weight-gradient slice, two cotangents of width F
+    Its recomputed residuals, its weight-gradient slice, two cotangents of width F
     and two of width D, and one attention tile.
     """
     graph = layer_graph(config, batch, seq)
     n, e = batch * seq, config.compute_dtype.itemsize
     cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
-    return graph.residual_bytes() + layer_param_bytes(config) + cotangents + graph.attention_tile
+    return graph.working_residual_bytes() + layer_param_bytes(config) + cotangents + graph.attention_tile
 
 
 def layer_param_bytes(config: TransformerConfig) -> int:

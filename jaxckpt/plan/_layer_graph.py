@@ -50,11 +50,17 @@ class LayerGraph:
         values: name -> ``Value``.
         ops: in forward order.
         reads: the values the backward pass reads (its residuals).
+        unkept_reads: reads that autodiff without remat does not keep, because their op
+            keeps what it needs in ``internals`` (LayerNorm keeps ``x - mean``, not ``x``).
+        recompute_internals: the internals held while a recomputed layer runs its
+            backward pass: XLA fuses plain elementwise chains (GELU, LayerNorm) into
+            the gradient, but keeps the outputs of ``jax.nn.silu`` (a jitted function)
+            and each norm's normalised input.
         internals: bytes of the autodiff residuals that live inside ops (the
             normalised input of a norm, the sigmoid of SwiGLU, the probabilities of a
             materialised softmax...): kept without remat, recomputed under remat.
-        attention_tile: bytes of one blockwise attention tile in flight (0 when the
-            attention materialises T x S, which ``internals`` holds).
+        attention_tile: bytes of attention scores in flight in the backward pass: one
+            tile when blockwise, the T x S scores and probabilities when materialised.
     """
 
     values: dict[str, Value]
@@ -62,6 +68,8 @@ class LayerGraph:
     reads: frozenset[str]
     internals: int
     attention_tile: int
+    unkept_reads: frozenset[str] = frozenset()
+    recompute_internals: int = 0
 
     def tagged(self, tags) -> frozenset[str]:
         """Names of the values carrying any of ``tags``."""
@@ -107,13 +115,18 @@ class LayerGraph:
         available = self.tagged(tags) | {"x"}
         return sum(op.flops for op in self.recompute(available))
 
+    def working_residual_bytes(self) -> int:
+        """Bytes of residuals held while a recomputed layer runs its backward pass."""
+        return sum(self.values[name].nbytes for name in self.reads) + self.recompute_internals
+
     def forward_flops(self) -> int:
         """FLOPs of one layer's forward pass."""
         return sum(op.flops for op in self.ops)
 
     def residual_bytes(self) -> int:
         """Bytes autodiff keeps for one layer without remat (every read, plus internals)."""
-        return sum(self.values[name].nbytes for name in self.reads) + self.internals
+        kept = self.reads - self.unkept_reads
+        return sum(self.values[name].nbytes for name in kept) + self.internals
 
 
 def attention_flops(cfg: TransformerConfig, batch: int, seq: int) -> int:
@@ -164,10 +177,15 @@ def layer_graph(cfg: TransformerConfig, batch: int, seq: int) -> LayerGraph:
     ]
     attn_in = ("q", "k")
     # SwiGLU's silu keeps three [n, F] internals (sigmoid, silu and its product); GELU two.
-    mlp_internals = 3 * n * f * e if cfg.activation == "swiglu" else 2 * n * f * e
-    # each norm keeps its input upcast to fp32 (when it is not already), the normalised
-    # input in the compute dtype, and two [n, 1] fp32 statistics
-    internals = 2 * (n * d * (e + (4 if e != 4 else 0)) + 2 * n * 4)
+    # the internals of the activation's autodiff: silu keeps three [n, F] tensors, the tanh
+    # GELU four (x^3 term, tanh, 1 - tanh^2 and a product), the exact GELU two
+    mlp_internals = {"swiglu": 3, "gelu_tanh": 4}.get(cfg.activation, 2) * n * f * e
+    if cfg.norm == "layer":  # each LayerNorm keeps x - mean, its square and the normalised x (fp32)
+        internals = 2 * (3 * n * d * 4 + 2 * n * 4)
+        unkept = frozenset({"x", "x1"})
+    else:  # each RMSNorm keeps its input in fp32 (when it is not) and the normalised input
+        internals = 2 * (n * d * (e + (4 if e != 4 else 0)) + 2 * n * 4)
+        unkept = frozenset()
     if cfg.positions == "rope":
         values += [Value("qr", None, n * nh * e), Value("kr", None, n * kh * e)]
         ops.append(Op("rope", ("q", "k"), ("qr", "kr"), 3 * n * (nh + kh)))
@@ -203,12 +221,15 @@ def layer_graph(cfg: TransformerConfig, batch: int, seq: int) -> LayerGraph:
         blocks = BlockSizes.auto(batch * cfg.n_heads).clamp(seq, seq)
         tile = batch * cfg.n_heads * blocks.block_q * blocks.block_k * 4
     else:  # autodiff of the materialised softmax keeps scores and probabilities, fp32
-        internals += 2 * batch * cfg.n_heads * seq * seq * 4
-        tile = 0
+        tile = 2 * batch * cfg.n_heads * seq * seq * 4
+        internals += tile
     return LayerGraph(
         values={v.name: v for v in values},
         ops=tuple(ops),
         reads=frozenset(reads),
         internals=internals + mlp_internals,
         attention_tile=tile,
+        unkept_reads=unkept,
+        recompute_internals=2 * (n * d * 4 + 2 * n * 4)
+        + (mlp_internals if cfg.activation == "swiglu" else 0),
     )
