@@ -31,6 +31,7 @@ bench: setup
 	$(PY) benchmarks/bench_attention.py
 	$(VENV)/bin/jaxckpt compare --config small --batch 4 --seq 1024 --steps 3
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_vs_torch.py
+	$(PY) benchmarks/bench_planner.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
