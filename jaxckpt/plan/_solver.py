@@ -18,6 +18,7 @@ only returned once its measured peak fits.
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -41,8 +42,14 @@ from jaxckpt.remat import PRESETS, RematSpec, Tag
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train import MemoryReport
 
-MAX_ATTEMPTS = 6
-PREDICTION_MARGIN = 0.10
+MAX_ATTEMPTS = 10
+"""Specs compiled at most before falling back to full remat."""
+PREDICTION_MARGIN = 0.05
+"""Specs predicted up to this fraction over the budget are compiled: they may fit."""
+CUTS_BEFORE_TIGHTENING = 6
+"""Misses after which the solver's budget is lowered by the overshoot."""
+NEGLIGIBLE_RECOMPUTE = 0.01
+"""Recompute below this fraction of a step's FLOPs is preferred to no remat."""
 
 
 class BudgetError(ValueError):
@@ -161,8 +168,10 @@ def choice(
 
 
 def _tunable(graph: LayerGraph) -> list[Tag]:
-    """The tags worth deciding: carried by some value (not the layer input, which is always kept)."""
-    return sorted({v.tag for v in graph.values.values() if v.tag not in (None, Tag.LAYER_INPUT)})
+    """The tags worth deciding: carried by a value the backward pass or a recompute can read
+    (not the layer input, which is always kept; not ``mlp_down``, which nothing reads)."""
+    readable = graph.reads | {name for op in graph.ops for name in op.inputs}
+    return sorted({graph.values[name].tag for name in readable} - {None, Tag.LAYER_INPUT})
 
 
 def solve(
@@ -176,12 +185,14 @@ def solve(
     device: DevicePreset = DEVICES["cpu"],
     offload: bool = False,
     tags: "list[Tag] | None" = None,
+    exclude: "Sequence[RematSpec]" = (),
 ) -> RematSpec | None:
     """The per-layer spec of least cost whose predicted peak is within ``budget`` (exact MILP).
 
     Args:
         tags: restrict the decision to these tags (the others are recomputed).
         offload: allow offloading tags to host memory.
+        exclude: specs not to return (each a no-good cut on the choice variables).
 
     Returns:
         The spec, or None when no spec's prediction fits.
@@ -231,6 +242,14 @@ def solve(
             for index, c in saved(value).items():
                 coefs[index] = coefs.get(index, 0) + c
             constraint(coefs, 0, np.inf)  # run_p + keep + off >= run_o
+    for spec in exclude:  # differ from spec in at least one choice
+        coefs: dict[int, float] = {}
+        flips = 0
+        for t in tags:
+            for var, chosen in ((keep[t], t in spec.save), (off[t], t in spec.offload)):
+                coefs[var] = -1.0 if chosen else 1.0
+                flips += chosen
+        constraint(coefs, 1 - flips, np.inf)
     # bytes: a tag's values, counted once per layer; kept tags shrink the working set too
     tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
     base = predict(config, batch, seq, RematSpec(), optimizer=optimizer, micro_batches=micro_batches)
@@ -323,33 +342,53 @@ def plan_memory(
     size = dict(optimizer=optimizer, micro_batches=micro_batches)
     attempts = []
 
-    def try_spec(spec: RematSpec):
+    def try_spec(spec: RematSpec) -> MemoryReport:
+        done = next((m for s, _, m in attempts if s == spec), None)
+        if done is not None:
+            return done
         measured = measure(config, batch, seq, spec, **size)
         attempts.append((spec, choice(config, batch, seq, spec, **size).predicted, measured))
         return measured
 
+    def found(spec: RematSpec) -> MemoryPlan:
+        c = choice(config, batch, seq, spec, **size)
+        return _plan(config, batch, seq, budget, c, try_spec(spec), minimum, attempts, micro_batches)
+
+    solve_ = lambda target, excluded: solve(
+        config, batch, seq, target, device=device, offload=offload, exclude=excluded, **size
+    )
     minimum = choice(config, batch, seq, "full", **size).predicted.total
+    # The prediction is within a few % of XLA, either way: a spec predicted slightly over
+    # the limit may fit, so the search starts optimistic and lets the compiler decide.
+    target = int(limit * (1 + PREDICTION_MARGIN))
+    best = solve_(target, [])
+    negligible = NEGLIGIBLE_RECOMPUTE * step_flops(config, batch, seq, micro_batches)
     none = choice(config, batch, seq, "none", **size)
-    # the prediction is within 10% of XLA: a near miss is worth one compile
-    if none.predicted.total <= limit * (1 + PREDICTION_MARGIN) and try_spec(none.spec).peak <= limit:
-        return _plan(config, batch, seq, budget, none, attempts[-1][2], minimum, attempts, micro_batches)
-    target = limit
+    # Without remat autodiff also keeps every internal of norms and activations; writing and
+    # reading them back costs more than recomputing them (measured: `none` 9% slower than
+    # `minimal` on small), so a spec of negligible recompute is preferred to no remat.
+    prefer_none = best is None or choice(config, batch, seq, best, **size).recompute_flops > negligible
+    if prefer_none and none.predicted.total <= target and try_spec(none.spec).peak <= limit:
+        return found(none.spec)
+    excluded: list[RematSpec] = []
     for _ in range(MAX_ATTEMPTS):
-        spec = solve(config, batch, seq, target, device=device, offload=offload, **size)
+        spec = solve_(target, excluded)
         if spec is None:
             break
         measured = try_spec(spec)
         if measured.peak <= limit:
-            c = choice(config, batch, seq, spec, **size)
-            return _plan(config, batch, seq, budget, c, measured, minimum, attempts, micro_batches)
-        target -= measured.peak - limit  # XLA needs more than predicted: ask for less
-    # the solver's prediction may be above what XLA needs: full remat settles it
-    full = PRESETS["full"]
-    measured = next((m for s, _, m in attempts if s == full), None) or try_spec(full)
-    if measured.peak <= limit:
-        c = choice(config, batch, seq, full, **size)
-        return _plan(config, batch, seq, budget, c, measured, minimum, attempts, micro_batches)
-    raise BudgetError(_infeasible_message(config, batch, seq, limit, measured.peak, size), measured.peak)
+            return found(spec)
+        # The next cheapest spec is tried (a no-good cut): the plan stays the cheapest
+        # that fits. After a few misses the prediction is evidently low: ask for less.
+        excluded.append(spec)
+        if len(excluded) >= CUTS_BEFORE_TIGHTENING:
+            predicted = choice(config, batch, seq, spec, **size).predicted.total
+            target = min(target, predicted) - (measured.peak - limit)
+    # the prediction may be above what XLA needs: full remat settles it
+    if try_spec(PRESETS["full"]).peak <= limit:
+        return found(PRESETS["full"])
+    smallest = try_spec(PRESETS["full"]).peak
+    raise BudgetError(_infeasible_message(config, batch, seq, limit, smallest, size), smallest)
 
 
 def _plan(config, batch, seq, budget, c: Choice, measured, minimum, attempts, micro_batches) -> MemoryPlan:
