@@ -5,7 +5,8 @@ gradients and the activations. The activations are
 
     n_layers x stored(spec) + max(layer working set, head working set)
 
-where ``stored`` is what one layer keeps for its backward pass (``LayerGraph.kept``)
+where ``stored`` is what one layer keeps for its backward pass (``LayerGraph.kept``;
+one layer input per segment when ``layers_per_checkpoint > 1``)
 and the layer working set is the backward pass of one layer: its recomputed
 residuals, its weight-gradient slice and the cotangents in flight. With AdamW the
 update needs a params-sized buffer after the backward pass, so the activation term
@@ -131,7 +132,7 @@ def predict(
     spec = get_remat(remat)
     params, opt = state_bytes(config, optimizer)
     graph = layer_graph(config, batch, seq)
-    stored = stored_per_layer(graph, spec, config.n_layers)
+    stored = stored_bytes(graph, spec, config.n_layers)
     layer = layer_working_set(config, batch, seq)
     if spec.enabled:  # what a layer keeps is not recomputed, so not held twice
         layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
@@ -140,7 +141,7 @@ def predict(
             # out of the stacks (measured: XLA copies both)
             layer += 2 * spec.layers_per_checkpoint * layer_param_bytes(config)
     working = max(layer, head_working_set(config, batch, seq))
-    activations = config.n_layers * stored + working
+    activations = stored + working
     grads = params * (2 if micro_batches > 1 else 1)
     return Prediction(
         params=params,
@@ -151,16 +152,16 @@ def predict(
     )
 
 
-def stored_per_layer(graph: LayerGraph, spec: RematSpec, n_layers: int) -> float:
-    """Average bytes each layer keeps from its forward pass under ``spec``."""
+def stored_bytes(graph: LayerGraph, spec: RematSpec, n_layers: int) -> int:
+    """Bytes the layers keep on the device from the forward pass for the backward pass."""
     if not spec.enabled:
-        return graph.residual_bytes()
+        return n_layers * graph.residual_bytes()
     k = min(spec.layers_per_checkpoint, n_layers)
     x = graph.values["x"].nbytes
     kept = graph.stored_bytes(saved_tags(spec) - spec.offload) - x  # offloaded tags live on the host
     # a segment of k layers keeps its input; its backward pass holds its k layer inputs
     boundaries = math.ceil(n_layers / k) + (k if k > 1 else 0)
-    return kept + x * boundaries / n_layers
+    return n_layers * kept + x * boundaries
 
 
 def korthikanti_bytes(config: TransformerConfig, batch: int, seq: int, *, flash: bool) -> int:

@@ -6,7 +6,7 @@ forward FLOPs. Two questions are answered from the graph, for a set of saved tag
 * ``stored_bytes``: what one layer keeps from its forward pass for the backward pass;
 * ``recompute_flops``: which ops the backward pass must run again, and their FLOPs.
 
-The residuals the backward pass reads (``BACKWARD_READS``) are those of JAX's own
+The residuals the backward pass reads (``LayerGraph.reads``) are those of JAX's own
 autodiff rules for the ops in ``jaxckpt.nn``: a matmul's weight gradient reads its
 input, a norm reads its input, SwiGLU reads gate and up, the flash backward reads
 q, k, v (after RoPE), the output and the log-sum-exp.
@@ -176,7 +176,6 @@ def layer_graph(cfg: TransformerConfig, batch: int, seq: int) -> LayerGraph:
         Op("v_proj", ("n1",), ("v",), 2 * n * d * kh + bias * kh // 2),
     ]
     attn_in = ("q", "k")
-    # SwiGLU's silu keeps three [n, F] internals (sigmoid, silu and its product); GELU two.
     # the internals of the activation's autodiff: silu keeps three [n, F] tensors, the tanh
     # GELU four (x^3 term, tanh, 1 - tanh^2 and a product), the exact GELU two
     mlp_internals = {"swiglu": 3, "gelu_tanh": 4}.get(cfg.activation, 2) * n * f * e
