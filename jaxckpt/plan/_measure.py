@@ -1,6 +1,7 @@
 """``measure``: XLA's own memory figures for a train step, compiled from abstract inputs."""
 
 import dataclasses
+import functools
 import math
 from types import MappingProxyType
 
@@ -89,10 +90,18 @@ def measure(
         raise NotImplementedError(f"devices={devices}: per-device (FSDP) measurement is not implemented yet")
     for name, value in (("batch", batch), ("seq", seq), ("micro_batches", micro_batches)):
         require_positive_int(name, value, "measure: ")
+    return _measure(config, batch, seq, get_remat(remat), optimizer, micro_batches)
+
+
+@functools.lru_cache(maxsize=128)
+def _measure(
+    config: TransformerConfig, batch: int, seq: int, spec: RematSpec, optimizer: str, micro_batches: int
+) -> MemoryReport:
+    """``measure`` after validation; the same step is compiled once per process."""
     model, opt = abstract_train_state(config, optimizer)
     graphdef, state = nnx.split((model, opt))
     tokens = jax.ShapeDtypeStruct((micro_batches, batch, seq + 1), jnp.int32)
-    compiled = jit_train_step(graphdef, get_remat(remat)).lower(state, tokens).compile()
+    compiled = jit_train_step(graphdef, spec).lower(state, tokens).compile()
     params = tree_bytes(nnx.state(model, nnx.Param))
     return dataclasses.replace(
         memory_report(compiled, device_stats=False),
