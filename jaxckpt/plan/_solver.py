@@ -12,8 +12,9 @@ problem is a small mixed-integer program, solved exactly with ``scipy.optimize.m
 * every branch of the ``max`` in the activation model below the budget.
 
 The chosen spec is then compiled (``measure``). When XLA needs more than the budget,
-the budget the solver sees is lowered by the overshoot and it solves again. A spec is
-only returned once its measured peak fits.
+a no-good cut excludes it and the next cheapest spec is solved for, so the plan is the
+cheapest spec that XLA confirms; only after several misses is the solver's budget
+lowered by the overshoot. A spec is only returned once its measured peak fits.
 """
 
 import dataclasses
@@ -217,12 +218,8 @@ def solve(
         hi.append(high)
 
     def saved(value: str) -> dict[int, float]:
-        tag = graph.values[value].tag
-        if value == "x":
-            return {}
-        if tag not in keep:
-            return {}
-        return {keep[tag]: 1.0, off[tag]: 1.0}
+        tag = graph.values[value].tag  # the layer input's tag is not a decision: always kept
+        return {keep[tag]: 1.0, off[tag]: 1.0} if tag in keep else {}
 
     for t in tags:
         constraint({keep[t]: 1, off[t]: 1}, -np.inf, 1)
