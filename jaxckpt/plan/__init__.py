@@ -17,7 +17,6 @@ from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import CPU_CAVEAT, OPTIMIZERS, abstract_train_state, measure, tree_bytes
 from jaxckpt.plan._solver import (
-    NEGLIGIBLE_RECOMPUTE,
     BudgetError,
     Choice,
     MemoryPlan,
@@ -32,7 +31,6 @@ from jaxckpt.plan._solver import (
 __all__ = [
     "CPU_CAVEAT",
     "DEVICES",
-    "NEGLIGIBLE_RECOMPUTE",
     "OPTIMIZERS",
     "BudgetError",
     "Choice",

@@ -49,8 +49,6 @@ PREDICTION_MARGIN = 0.05
 """Specs predicted up to this fraction over the budget are compiled: they may fit."""
 CUTS_BEFORE_TIGHTENING = 6
 """Misses after which the solver's budget is lowered by the overshoot."""
-NEGLIGIBLE_RECOMPUTE = 0.01
-"""Recompute below this fraction of a step's FLOPs is preferred to no remat."""
 
 
 class BudgetError(ValueError):
@@ -358,15 +356,9 @@ def plan_memory(
     # The prediction is within a few % of XLA, either way: a spec predicted slightly over
     # the limit may fit, so the search starts optimistic and lets the compiler decide.
     target = int(limit * (1 + PREDICTION_MARGIN))
-    best = solve_(target, [])
-    negligible = NEGLIGIBLE_RECOMPUTE * step_flops(config, batch, seq, micro_batches)
     none = choice(config, batch, seq, "none", **size)
-    # Without remat autodiff also keeps every internal of norms and activations; writing and
-    # reading them back costs more than recomputing them (measured: `none` 9% slower than
-    # `minimal` on small), so a spec of negligible recompute is preferred to no remat.
-    prefer_none = best is None or choice(config, batch, seq, best, **size).recompute_flops > negligible
-    if prefer_none and none.predicted.total <= target and try_spec(none.spec).peak <= limit:
-        return found(none.spec)
+    if none.predicted.total <= target and try_spec(none.spec).peak <= limit:
+        return found(none.spec)  # no recompute at all
     excluded: list[RematSpec] = []
     for _ in range(MAX_ATTEMPTS):
         spec = solve_(target, excluded)
