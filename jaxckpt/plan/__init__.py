@@ -13,20 +13,12 @@ Example:
 
 from jaxckpt._sizes import format_bytes, parse_size
 from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict, state_bytes
+from jaxckpt.plan._cost import Choice, choice, spec_dict, spec_name, step_flops
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import CPU_CAVEAT, OPTIMIZERS, abstract_train_state, measure, tree_bytes
-from jaxckpt.plan._solver import (
-    BudgetError,
-    Choice,
-    MemoryPlan,
-    choice,
-    plan_memory,
-    solve,
-    spec_dict,
-    spec_name,
-    step_flops,
-)
+from jaxckpt.plan._milp import solve
+from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 
 __all__ = [
     "CPU_CAVEAT",
