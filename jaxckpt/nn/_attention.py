@@ -1,4 +1,4 @@
-"""Multi-head (and grouped-query) causal self-attention over ``flash_attention``."""
+"""Multi-head (and grouped-query) self-attention over ``flash_attention``."""
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,9 @@ from jaxckpt.remat import Tag
 
 
 class Attention(nnx.Module):
-    """Causal self-attention: q/k/v projections, RoPE (llama), attention, output projection.
+    """Self-attention: q/k/v projections, RoPE (llama), attention, output projection.
+
+    Causal unless ``cfg.causal`` is False.
 
     The attention itself is ``jaxckpt.flash_attention`` with the config's
     ``attention`` implementation; GQA is passed through without repeating K/V.
@@ -37,6 +39,7 @@ class Attention(nnx.Module):
         self.heads = (n, k, h)
         self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
         self.implementation = cfg.attention
+        self.causal = cfg.causal
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[B, T, D] -> [B, T, D]``."""
@@ -48,5 +51,5 @@ class Attention(nnx.Module):
         if self.rope_theta is not None:
             cos, sin = rope_tables(jnp.arange(t), h, self.rope_theta)
             q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
-        out = flash_attention(q, key, value, is_causal=True, implementation=self.implementation)
+        out = flash_attention(q, key, value, is_causal=self.causal, implementation=self.implementation)
         return checkpoint_name(self.out_proj(out.reshape(b, t, n * h)), Tag.OUT_PROJ)

@@ -40,6 +40,8 @@ class TransformerConfig:
         norm_eps: epsilon of every norm. rope_theta: RoPE base.
         attention_bias: bias on the q, k, v and output projections. mlp_bias: on the MLP.
         tie_embeddings: the head reuses the token embedding.
+        causal: causal self-attention (a decoder); False attends to every position (the
+            seed article's block).
         dtype: compute dtype. param_dtype: storage dtype of the parameters.
         attention: ``flash_attention`` implementation (None = automatic).
         remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``: the
@@ -68,6 +70,7 @@ class TransformerConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     tie_embeddings: bool = False
+    causal: bool = True
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention: str | None = None
@@ -151,6 +154,30 @@ class TransformerConfig:
         if isinstance(self.remat, RematSpec):
             out["remat"] = repr(self.remat)
         return out
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "TransformerConfig":
+        """The config ``to_dict`` wrote (a spec written as its repr comes back as ``"full"``
+        unless it names a preset; the remat spec does not change the numbers).
+
+        Raises:
+            ValueError: naming any field that ``TransformerConfig`` does not have.
+
+        Example:
+            >>> cfg = TransformerConfig.preset("tiny")
+            >>> TransformerConfig.from_dict(cfg.to_dict()) == cfg
+            True
+        """
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(
+                f"TransformerConfig: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        fields = dict(fields)
+        if isinstance(fields.get("remat"), str) and fields["remat"].startswith("RematSpec("):
+            fields["remat"] = "full"
+        return cls(**fields)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TransformerConfig":
