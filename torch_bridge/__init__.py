@@ -1,8 +1,58 @@
-"""torch_bridge: PyTorch / Hugging Face checkpoints in and out of jaxckpt.
+"""torch_bridge: PyTorch / Hugging Face checkpoints in and out of jaxckpt, and torch
+functions callable (and differentiable) from jitted JAX code.
 
-Will hold (issue 5): ``load_hf`` / ``save_hf`` for LLaMA, GPT-2 and the seed's
-block, declarative invertible conversion tables, and DLPack-based ``call_torch``
-to run differentiable torch kernels from jitted JAX. torch is imported lazily.
+torch is imported lazily, on first use, with an install hint when it is missing;
+``jaxckpt`` itself never imports torch or this package.
+
+Example:
+    >>> import tempfile, os
+    >>> from flax import nnx
+    >>> from jaxckpt import nn
+    >>> import torch_bridge
+    >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
+    >>> path = torch_bridge.save_hf(nn.Transformer(cfg, rngs=nnx.Rngs(0)), os.path.join(tempfile.mkdtemp(), "m"))
+    >>> torch_bridge.load_hf(path).config.d_model
+    16
 """
 
-__all__: list[str] = []
+from torch_bridge._archs import ARCHITECTURES, Architecture, architecture, seed_block_config
+from torch_bridge._call_torch import call_torch
+from torch_bridge._convert import ConversionReport, convert_state_dict, export_state_dict
+from torch_bridge._dlpack import to_jax, to_torch
+from torch_bridge._models import (
+    Converted,
+    config_from_hf,
+    load_hf,
+    load_seed_block,
+    read_checkpoint,
+    save_hf,
+    save_seed_block,
+    write_hf,
+)
+from torch_bridge._sources import TensorSource, open_tensors
+from torch_bridge._table import Rule, Table
+
+__all__ = [
+    "ARCHITECTURES",
+    "Architecture",
+    "ConversionReport",
+    "Converted",
+    "Rule",
+    "Table",
+    "TensorSource",
+    "architecture",
+    "call_torch",
+    "config_from_hf",
+    "convert_state_dict",
+    "export_state_dict",
+    "load_hf",
+    "load_seed_block",
+    "open_tensors",
+    "read_checkpoint",
+    "save_hf",
+    "save_seed_block",
+    "seed_block_config",
+    "to_jax",
+    "to_torch",
+    "write_hf",
+]

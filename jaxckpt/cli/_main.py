@@ -7,6 +7,7 @@ import sys
 import jax
 
 import jaxckpt
+from jaxckpt._plugins import CLI, plugins
 from jaxckpt.attention import available_implementations, implementations
 from jaxckpt.cli import _compare, _plan, _train
 
@@ -47,7 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     _compare.add_parser(sub)
     _train.add_parser(sub)
     _plan.add_parser(sub)
+    for name, entry in plugins(CLI).items():  # e.g. torch_bridge's `convert`
+        try:
+            entry.load()(sub)
+        except ImportError as err:  # a broken optional install must not break jaxckpt itself
+            broken = sub.add_parser(name, help=f"unavailable: {err}")
+            broken.set_defaults(run=lambda args, err=err: _unavailable(args, err))
     return parser
+
+
+def _unavailable(args: argparse.Namespace, err: ImportError) -> int:
+    raise ValueError(f"this subcommand could not be loaded: {err}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError) as err:  # bad input: report it without a traceback
+    except (ValueError, OSError, ImportError) as err:  # bad input: report it without a traceback
         parser.exit(2, f"jaxckpt {args.command}: error: {err}\n")
 
 

@@ -12,7 +12,10 @@ from jaxckpt.attention import implementations
 def add_parser(sub) -> None:
     """Registers ``train`` on the subcommand parser ``sub``."""
     p = sub.add_parser("train", help="train a model on a text file (default: the built-in corpus)")
-    p.add_argument("--config", default="tiny", help=f"model preset ({', '.join(nn.PRESETS)})")
+    p.add_argument(
+        "--config",
+        help=f"model preset ({', '.join(nn.PRESETS)}); default: tiny, or the --init-from model",
+    )
     p.add_argument(
         "--remat",
         help=f"remat preset ({', '.join(remat.PRESETS)}), or 'auto' (needs --budget); default: the config's",
@@ -35,7 +38,11 @@ def add_parser(sub) -> None:
         "--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir"
     )
     p.add_argument("--force", action="store_true", help="replace existing checkpoints in --checkpoint-dir")
-    p.add_argument("--init-from", help="a jaxckpt checkpoint directory to take the parameters from")
+    p.add_argument(
+        "--init-from",
+        help="take the model and its parameters from a jaxckpt checkpoint directory (trained, or "
+        "written by 'jaxckpt convert') or a Hugging Face directory",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
     p.set_defaults(run=run)
 
@@ -49,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
         ("budget", args.budget),
     )
     overrides = {k: v for k, v in given if v is not None}
-    config = nn.TransformerConfig.preset(args.config, **overrides)
+    if args.init_from is not None and args.config is None:
+        config = train.source_config(args.init_from).replace(**overrides)
+    else:
+        config = nn.TransformerConfig.preset(args.config or "tiny", **overrides)
     result = train.train(
         config,
         steps=args.steps,

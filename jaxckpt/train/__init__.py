@@ -11,6 +11,7 @@ Example:
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._compare import ATTENTION, compare, default_rows, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
+from jaxckpt.train._init import initial_model, source_config
 from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._memory import MemoryReport, device_memory_stats, memory_report
 from jaxckpt.train._step import OptimizerConfig, Trainer, jit_train_step, loss_and_grads, next_token_loss
@@ -29,6 +30,7 @@ __all__ = [
     "default_rows",
     "device_memory_stats",
     "encode",
+    "initial_model",
     "jit_train_step",
     "latest_step",
     "load_tokens",
@@ -39,5 +41,6 @@ __all__ = [
     "read_meta",
     "restore_checkpoint",
     "save_checkpoint",
+    "source_config",
     "train",
 ]

@@ -26,9 +26,10 @@ def latest_step(directory: str | os.PathLike) -> int | None:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike, step: int, state: nnx.State, meta: dict | None = None
+    directory: str | os.PathLike, step: int, state: "nnx.State | dict", meta: dict | None = None
 ) -> Path:
-    """Saves ``state`` (model + optimizer) as step ``step``; returns the directory.
+    """Saves ``state`` (model + optimizer, or a pure dict of arrays) as step ``step``;
+    returns the directory.
 
     Orbax writes each step to a temporary directory and renames it when complete, so
     an interrupted save never replaces a good checkpoint. ``meta`` (JSON) is written
@@ -45,7 +46,8 @@ def save_checkpoint(
     """
     directory = Path(directory)
     with _manager(directory) as manager:
-        manager.save(step, args=ocp.args.StandardSave(nnx.to_pure_dict(state)), force=True)
+        tree = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
+        manager.save(step, args=ocp.args.StandardSave(tree), force=True)
         manager.wait_until_finished()
     if meta is not None:
         tmp = directory / f".{META}.tmp"

@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 
 import jax
-from flax import nnx
 
 from jaxckpt._checks import require_positive_int
-from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._data import ByteBatches, load_tokens
+from jaxckpt.train._init import initial_model
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._progress import memory_text, train_progress
 from jaxckpt.train._step import OptimizerConfig, Trainer
@@ -51,21 +51,6 @@ def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -
             "pass --resume to continue from it or --force to replace it"
         )
     shutil.rmtree(directory)
-
-
-def _init_trainer(config: TransformerConfig, seed: int, init_from, optimizer) -> Trainer:
-    trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
-    if init_from is None:
-        return trainer
-    path = Path(init_from)
-    if (path / "config.json").exists():
-        raise ValueError(
-            f"--init-from {str(path)!r} looks like a Hugging Face directory; loading those needs "
-            "torch_bridge, which this version does not ship yet. Pass a jaxckpt checkpoint directory"
-        )
-    _, state = restore_checkpoint(path, trainer.state)
-    model = nnx.merge(trainer.graphdef, state)[0]  # its parameters; the optimizer starts afresh
-    return Trainer(model, optimizer=optimizer)
 
 
 FREE_ON_RESUME = ("remat", "attention")
@@ -123,7 +108,8 @@ def train(
         checkpoint_dir: where to save (at the end, and every ``checkpoint_every`` steps).
         resume: continue from the latest checkpoint in ``checkpoint_dir``.
         force: replace existing checkpoints in ``checkpoint_dir``.
-        init_from: a jaxckpt checkpoint directory to take the parameters from.
+        init_from: take the parameters from a jaxckpt checkpoint directory (trained, or
+            converted by ``jaxckpt convert``) or a Hugging Face directory (needs torch_bridge).
         progress: draw a progress bar.
 
     Returns:
@@ -151,7 +137,7 @@ def train(
 
         plan = plan_memory(config, batch, seq, config.budget, micro_batches=micro_batches)
         config = config.replace(remat=plan.spec)
-    trainer = _init_trainer(config, seed, init_from, optimizer)
+    trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(batches.batch_at(0).shape))
     _prepare_checkpoint_dir(directory, resume, force)

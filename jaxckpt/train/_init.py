@@ -1,0 +1,111 @@
+"""Where a run's first parameters come from: a random init, a jaxckpt checkpoint (trained
+or converted by ``jaxckpt convert``), or a Hugging Face directory through torch_bridge."""
+
+import os
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from jaxckpt._plugins import MODEL_SOURCES, plugin
+from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.train._checkpoint import META, read_meta, restore_checkpoint
+from jaxckpt.train._step import Trainer
+
+PARAMS_KIND = "params"
+"""``jaxckpt.json``'s ``kind`` for a checkpoint that holds parameters only (converted)."""
+
+FREE_ON_INIT = frozenset({"remat", "attention", "budget", "dtype", "param_dtype"})
+"""Config fields a run may change from its source: neither shapes nor the model's maths."""
+
+
+def is_hf_dir(path: Path) -> bool:
+    """Whether ``path`` is a Hugging Face model directory (it has ``config.json``)."""
+    return (path / "config.json").is_file()
+
+
+def _hf_reader(path: Path):
+    try:
+        return plugin(MODEL_SOURCES, "hf")
+    except (LookupError, ImportError) as err:
+        raise ValueError(
+            f"--init-from {str(path)!r} is a Hugging Face directory; reading it needs {err}"
+        ) from err
+
+
+def source_config(path: "str | os.PathLike") -> TransformerConfig:
+    """The config of the model stored at ``path``: a jaxckpt checkpoint directory (its
+    ``jaxckpt.json``) or a Hugging Face directory (its ``config.json``).
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        ValueError: when it holds neither.
+
+    Example:
+        >>> import tempfile
+        >>> from jaxckpt import nn, train
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
+        >>> d = tempfile.mkdtemp()
+        >>> _ = train.train(cfg, steps=1, batch=2, seq=8, checkpoint_dir=d, progress=False)
+        >>> train.source_config(d) == cfg
+        True
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--init-from {str(path)!r} does not exist")
+    if is_hf_dir(path):
+        try:
+            return _hf_reader(path).config(path)
+        except ValueError as err:
+            raise ValueError(f"--init-from {str(path)!r} (a Hugging Face directory): {err}") from err
+    meta = read_meta(path)
+    if "config" not in meta:
+        raise ValueError(
+            f"--init-from {str(path)!r} has no {META} with a config: give a jaxckpt checkpoint directory "
+            "(from jaxckpt train --checkpoint-dir or jaxckpt convert) or a Hugging Face directory"
+        )
+    return TransformerConfig.from_dict(meta["config"])
+
+
+def _check_compatible(source: TransformerConfig, config: TransformerConfig, path: Path) -> None:
+    ours, theirs = config.to_dict(), source.to_dict()
+    keys = [k for k in ours if k not in FREE_ON_INIT and ours[k] != theirs.get(k)]
+    differ = [f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in keys]
+    if differ:
+        raise ValueError(
+            f"--init-from {str(path)!r} holds a different model ({'; '.join(differ)}); "
+            "leave out --config/--layers to take the model from it"
+        )
+
+
+def initial_model(
+    config: TransformerConfig, seed: int, init_from: "str | os.PathLike | None", optimizer=None
+) -> Transformer:
+    """The model a run starts from: random (``seed``) or the parameters at ``init_from``.
+
+    A trained checkpoint gives its model's parameters (its optimizer state is not
+    used); a converted one (``jaxckpt convert``) or a Hugging Face directory gives its
+    parameters, cast to ``config.param_dtype``. No random initialisation is done then.
+    ``optimizer`` (an ``OptimizerConfig``) shapes the optimizer state a trained
+    checkpoint is read into.
+
+    Raises:
+        ValueError: when the stored model differs from ``config`` in anything but remat,
+            attention, budget and dtypes (each difference is named).
+    """
+    if init_from is None:
+        return Transformer(config, rngs=nnx.Rngs(seed))
+    path = Path(init_from)
+    _check_compatible(source_config(path), config, path)
+    if is_hf_dir(path):
+        params = _hf_reader(path).params(path, config)
+    elif read_meta(path).get("kind") == PARAMS_KIND:
+        abstract = nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
+        params = nnx.to_pure_dict(restore_checkpoint(path, abstract)[1])
+    else:
+        trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
+        _, state = restore_checkpoint(path, trainer.state)
+        return nnx.merge(trainer.graphdef, state)[0]
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    nnx.replace_by_pure_dict(state, jax.tree.map(jax.device_put, params))
+    return nnx.merge(graphdef, state)

@@ -1,0 +1,184 @@
+"""``jaxckpt convert``: PyTorch / Hugging Face checkpoints to jaxckpt (orbax) and back.
+
+Registered on the ``jaxckpt`` command through the ``jaxckpt.cli`` entry point, so that
+jaxckpt itself never imports torch_bridge.
+"""
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from jaxckpt.nn import Block, TransformerConfig
+from jaxckpt.train import initial_model, read_meta, restore_checkpoint, save_checkpoint
+from torch_bridge._archs import ARCHITECTURES, architecture
+from torch_bridge._convert import export_order, export_state_dict
+from torch_bridge._models import DTYPES, read_checkpoint, seed_config_of, write_hf
+from torch_bridge._sources import find_config, open_tensors
+from torch_bridge._writers import atomic_output, write_torch_file
+
+PARAMS_KIND = "params"  # jaxckpt.train._init.PARAMS_KIND: a converted (parameters-only) checkpoint
+SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
+
+
+def add_parser(sub) -> None:
+    """Registers ``convert`` on the ``jaxckpt`` subcommand parser ``sub``."""
+    p = sub.add_parser(
+        "convert",
+        help="convert a PyTorch / Hugging Face checkpoint to jaxckpt (--to jax) or back (--to torch)",
+        description="SRC -> DST. --to jax: SRC is a Hugging Face directory or a state_dict file "
+        "(.safetensors/.pt/.bin); DST becomes an orbax checkpoint + jaxckpt.json that "
+        "'jaxckpt train --init-from' reads. --to torch: SRC is a jaxckpt checkpoint directory; "
+        "DST becomes a Hugging Face directory (or a .pt for the seed block).",
+    )
+    p.add_argument("src", help="the checkpoint to read")
+    p.add_argument("dst", help="where to write (never replaced without --force)")
+    p.add_argument("--arch", default="auto", choices=("auto", *ARCHITECTURES), help="default: the config's")
+    p.add_argument("--to", default="jax", choices=("jax", "torch"), help="direction (default: jax)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="cast the parameters (default: keep them)")
+    p.add_argument("--config", help="config.json for a single state_dict file (a Hugging Face config)")
+    p.add_argument("--num-heads", type=int, help="attention heads of a seed block (its .pt cannot say)")
+    p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size for --to torch")
+    p.add_argument("--allow-missing", action="store_true", help="keep missing parameters at zero")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
+    p.set_defaults(run=run)
+
+
+@contextmanager
+def _progress(total: int, enabled: bool, what: str):
+    """Yields ``on_tensor(key, nbytes)`` advancing a rich bar over ``total`` tensors."""
+    if not enabled:
+        yield lambda key, nbytes: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    columns += (TextColumn("{task.fields[key]}"),)
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task(what, total=total, key="")
+        yield lambda key, nbytes: bar.update(task, advance=1, key=key)
+
+
+def _arch(src: Path, args: argparse.Namespace) -> str | None:
+    """The ``--arch`` to use: given, or ``seed-block`` for a lone file with the seed's keys,
+    or None (from the config)."""
+    if args.arch != "auto":
+        return args.arch
+    if args.config is not None or find_config(src) is not None:
+        return None
+    with open_tensors(src) as source:
+        if all(k in source for k in SEED_KEYS):
+            return "seed-block"
+    raise ValueError(f"{src}: cannot tell the architecture; give --arch, and --config for a state_dict file")
+
+
+def to_jax(args: argparse.Namespace) -> dict:
+    """``--to jax``: reads SRC into jaxckpt parameters and writes an orbax checkpoint."""
+    src, dst = Path(args.src), Path(args.dst)
+    arch, config, dtype = _arch(src, args), args.config, args.dtype
+    if arch == "seed-block":
+        if args.num_heads is None:
+            raise ValueError("--arch seed-block needs --num-heads (a .pt does not record the head count)")
+        config, dtype = seed_config_of(src, args.num_heads, dtype), None
+    with open_tensors(src) as source:
+        total = len(source)
+    with atomic_output(dst, force=args.force) as tmp, _progress(total, not args.json, "converting") as tick:
+        start = time.perf_counter()
+        options = dict(config=config, arch=arch, dtype=dtype, allow_missing=args.allow_missing)
+        converted = read_checkpoint(src, **options, on_tensor=tick)
+        meta = {
+            "kind": PARAMS_KIND,
+            "arch": converted.arch.name,
+            "config": converted.config.to_dict(),
+            "source": src.name,
+            "report": converted.report.to_dict(),
+        }
+        save_checkpoint(tmp, 0, converted.params, meta)
+        seconds = time.perf_counter() - start
+    nbytes = sum(a.nbytes for a in jax.tree.leaves(converted.params))
+    return _summary(src, dst, "jax", converted.arch.name, converted.report.converted, nbytes, seconds, meta)
+
+
+def _restore(src: Path) -> tuple[str, TransformerConfig, dict]:
+    """``(arch, config, params)`` of a jaxckpt checkpoint directory (converted or trained)."""
+    meta = read_meta(src)
+    if "config" not in meta:
+        raise ValueError(f"{src}: not a jaxckpt checkpoint directory (no jaxckpt.json with a config)")
+    config = TransformerConfig.from_dict(meta["config"])
+    arch = architecture(meta.get("arch", config.family))
+    if arch.block:
+        abstract = nnx.state(nnx.eval_shape(lambda: Block(config, rngs=nnx.Rngs(0))), nnx.Param)
+        return arch.name, config, nnx.to_pure_dict(restore_checkpoint(src, abstract)[1])
+    model = initial_model(config, 0, src)
+    return arch.name, config, nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def to_torch(args: argparse.Namespace) -> dict:
+    """``--to torch``: writes a jaxckpt checkpoint as a Hugging Face directory (or a .pt)."""
+    src, dst = Path(args.src), Path(args.dst)
+    arch, config, params = _restore(src)
+    if args.dtype is not None:
+        name = DTYPES[args.dtype]
+        params = jax.tree.map(lambda a: np.asarray(a).astype(name), params)
+        config = config.replace(dtype=name, param_dtype=name)
+    total = len(export_order(arch, config))
+    start = time.perf_counter()
+    with _progress(total, not args.json, "exporting") as tick:
+        if arch == "seed-block":
+            if dst.exists() and not args.force:
+                raise FileExistsError(f"{dst} exists; pass --force to replace it")
+            write_torch_file(dst, _ticking(export_state_dict(params, arch, config), tick))
+        else:
+            options = dict(max_shard_size=args.max_shard_size, force=args.force, on_tensor=tick)
+            write_hf(params, config, dst, **options)
+    nbytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
+    return _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, {})
+
+
+def _ticking(items, tick: Callable[[str, int], None]):
+    for key, array in items:
+        tick(key, array.nbytes)
+        yield key, array
+
+
+def _summary(src, dst, to, arch, tensors, nbytes, seconds, meta) -> dict:
+    report = meta.get("report", {})
+    return {
+        "src": str(src),
+        "dst": str(dst),
+        "to": to,
+        "arch": arch,
+        "tensors": tensors,
+        "bytes": int(nbytes),
+        "seconds": seconds,
+        "mb_per_s": nbytes / 1e6 / max(seconds, 1e-9),
+        **{k: report[k] for k in ("ignored", "dtype_changes", "notes", "missing") if report.get(k)},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Converts, then prints a summary (or JSON)."""
+    result = (to_jax if args.to == "jax" else to_torch)(args)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    table = Table(title=f"jaxckpt convert ({result['arch']}, to {result['to']})")
+    for column in ("tensors", "MB", "seconds", "MB/s"):
+        table.add_column(column, justify="right")
+    mb, seconds, rate = result["bytes"] / 1e6, result["seconds"], result["mb_per_s"]
+    table.add_row(str(result["tensors"]), f"{mb:.1f}", f"{seconds:.2f}", f"{rate:.1f}")
+    console = Console()
+    console.print(table)
+    for key in ("ignored", "dtype_changes", "notes", "missing"):
+        if key in result:
+            console.print(f"{key}: {result[key]}")
+    console.print(f"wrote {result['dst']}")
+    return 0

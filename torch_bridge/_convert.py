@@ -1,0 +1,251 @@
+"""``convert_state_dict`` (torch -> jaxckpt) and ``export_state_dict`` (back), one tensor
+at a time, with a ``ConversionReport`` of everything that did not map cleanly."""
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator, Mapping
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from jaxckpt.nn import Block, Transformer, TransformerConfig
+from torch_bridge._archs import Architecture, architecture
+from torch_bridge._table import Rule
+from torch_bridge._torch import torch
+
+LIST_AT_MOST = 8  # entries of each kind an error message lists
+
+
+@dataclasses.dataclass
+class ConversionReport:
+    """What a conversion found besides the tensors it converted.
+
+    Attributes:
+        converted: torch tensors converted.
+        missing: keys the model needs that the checkpoint lacks.
+        unexpected: keys the checkpoint has that no rule reads and none ignores.
+        mismatched: ``(key, expected shape, found shape)``.
+        dtype_changes: ``(key, from dtype, to dtype)``: the tensor was cast.
+        ignored: keys known to hold no parameter (buffers, a tied head saved twice).
+        notes: config fields not carried over, e.g. dropout.
+    """
+
+    converted: int = 0
+    missing: list[str] = dataclasses.field(default_factory=list)
+    unexpected: list[str] = dataclasses.field(default_factory=list)
+    mismatched: list[tuple[str, tuple, tuple]] = dataclasses.field(default_factory=list)
+    dtype_changes: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    ignored: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def problems(self, allow_missing: bool = False) -> list[str]:
+        """One line per kind of problem; empty when the conversion is clean."""
+        out = []
+        for name, items in (("unexpected", self.unexpected), ("missing", self.missing)):
+            if items and not (name == "missing" and allow_missing):
+                out.append(f"{len(items)} {name} tensor(s): {_listing(items)}")
+        if self.mismatched:
+            shapes = [f"{k} expected {tuple(e)} found {tuple(f)}" for k, e, f in self.mismatched]
+            out.append(f"{len(shapes)} shape mismatch(es): {_listing(shapes)}")
+        return out
+
+    def check(self, allow_missing: bool = False, source: str = "state_dict") -> None:
+        """Raises a ValueError naming the problem tensors (strict unless ``allow_missing``)."""
+        problems = self.problems(allow_missing)
+        if problems:
+            hint = " (pass allow_missing=True to keep missing parameters at zero)" if self.missing else ""
+            raise ValueError(f"{source}: cannot convert: " + "; ".join(problems) + hint)
+
+    def to_dict(self) -> dict:
+        """The report as JSON-friendly values."""
+        return dataclasses.asdict(self)
+
+
+def _listing(items: list[str]) -> str:
+    more = f", ... ({len(items) - LIST_AT_MOST} more)" if len(items) > LIST_AT_MOST else ""
+    return ", ".join(items[:LIST_AT_MOST]) + more
+
+
+def model_class(arch: Architecture) -> type:
+    """``nn.Block`` for the seed block, else ``nn.Transformer``."""
+    return Block if arch.block else Transformer
+
+
+def target_shapes(arch: Architecture, config: TransformerConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """Dotted parameter path -> abstract array of the model ``config`` describes (no
+    parameter is allocated)."""
+    cls = model_class(arch)
+    model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+    return flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def flatten(tree: Mapping) -> dict:
+    """A nested dict as ``{"a.b.c": leaf}``."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return {".".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in leaves}
+
+
+def unflatten(flat: Mapping[str, object]) -> dict:
+    """``{"a.b": x}`` -> ``{"a": {"b": x}}`` (the inverse of ``flatten``)."""
+    out: dict = {}
+    for path, leaf in flat.items():
+        *parents, last = path.split(".")
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[last] = leaf
+    return out
+
+
+ALIGNMENT = 64
+"""Bytes: ``jax.device_put`` on CPU wraps a numpy buffer this aligned without copying it."""
+
+
+def zeros_aligned(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``np.zeros`` whose data starts on a ``ALIGNMENT``-byte boundary, so that moving it
+    into JAX on CPU is zero-copy (the model is never held twice).
+
+    Example:
+        >>> zeros_aligned((3, 5), np.float32).ctypes.data % ALIGNMENT
+        0
+    """
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % ALIGNMENT
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def as_numpy(value) -> np.ndarray:
+    """A numpy view of a torch tensor (bf16 through an int16 view), or ``np.asarray``."""
+    if hasattr(value, "detach"):  # a torch tensor, without importing torch here
+        tensor = value.detach().cpu().contiguous()
+        if str(tensor.dtype) == "torch.bfloat16":  # numpy has no bf16: view the bits
+            return tensor.view(torch().int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
+    return np.asarray(value)
+
+
+def _shape(state_dict: Mapping, key: str) -> tuple[int, ...]:
+    shape = getattr(state_dict, "shape", None)
+    return tuple(shape(key)) if callable(shape) else tuple(np.shape(state_dict[key]))
+
+
+def convert_state_dict(
+    state_dict: Mapping,
+    arch: "str | Architecture",
+    config: TransformerConfig,
+    *,
+    allow_missing: bool = False,
+    on_tensor: Callable[[str, int], None] | None = None,
+) -> tuple[dict, ConversionReport]:
+    """Converts a torch state_dict to jaxckpt parameters, one tensor at a time.
+
+    Shapes are checked first (from headers, for a ``TensorSource``), so a mismatch
+    fails before any data is read. Each tensor is then read once and written into its
+    place in the stacked parameters (cast to ``config.param_dtype``; bf16 stays bf16
+    when the config says bf16).
+
+    Args:
+        state_dict: key -> torch tensor or numpy array; or a streaming ``TensorSource``.
+        arch: ``"llama"``, ``"gpt2"``, ``"seed-block"`` or an ``Architecture``.
+        config: the model's config (see ``config_from_hf``).
+        allow_missing: keep missing parameters at zero instead of raising.
+        on_tensor: called as ``on_tensor(key, nbytes)`` after each tensor (progress bars).
+
+    Returns:
+        ``(params, report)``: params as the nested dict of numpy arrays that
+        ``nnx.replace_by_pure_dict`` takes for the model's ``nnx.Param`` state.
+
+    Raises:
+        ValueError: naming the unexpected, missing (unless allowed) and mismatched tensors.
+
+    Example:
+        >>> import numpy as np
+        >>> from torch_bridge import convert_state_dict, seed_block_config
+        >>> cfg = seed_block_config(4, 2)
+        >>> sd = {k: np.ones(s) for k, s in {"ln1.weight": (4,), "ln1.bias": (4,)}.items()}
+        >>> params, report = convert_state_dict(sd, "seed-block", cfg, allow_missing=True)
+        >>> params["attn_norm"]["scale"].tolist(), len(report.missing)
+        ([1.0, 1.0, 1.0, 1.0], 14)
+    """
+    arch = architecture(arch) if isinstance(arch, str) else arch
+    shapes = target_shapes(arch, config)
+    plan = arch.table.bind({p: s.shape for p, s in shapes.items()}, config.n_layers)
+    report = ConversionReport()
+    wanted: dict[str, str] = {}  # checkpoint key -> table key
+    for key in state_dict.keys():  # noqa: SIM118  (a TensorSource is not a dict)
+        full = arch.table.resolve(key, plan)
+        if full in plan:
+            rule, _ = plan[full]
+            expected = rule.torch_shape({p: shapes[p].shape for p in rule.jax})
+            found = _shape(state_dict, key)
+            if found != expected:
+                report.mismatched.append((key, expected, found))
+            wanted[key] = full
+        elif any(re.fullmatch(pattern, key) for pattern in arch.table.ignore):
+            report.ignored.append(key)
+        else:
+            report.unexpected.append(key)
+    report.missing = [key for key in plan if key not in set(wanted.values())]
+    report.check(allow_missing)
+    params = {path: zeros_aligned(s.shape, s.dtype) for path, s in shapes.items()}
+    for key, value in state_dict.items():
+        if key not in wanted:
+            continue
+        array = as_numpy(value)
+        rule, layer = plan[wanted[key]]
+        target = np.dtype(shapes[rule.jax[0]].dtype)
+        if array.dtype != target:
+            report.dtype_changes.append((key, str(array.dtype), str(target)))
+        rule.to_jax(array, params, layer)
+        report.converted += 1
+        if on_tensor is not None:
+            on_tensor(key, array.nbytes)
+        del array, value  # one tensor in memory at a time
+    return unflatten(params), report
+
+
+def export_order(arch: "str | Architecture", config: TransformerConfig) -> list[tuple[str, Rule, int | None]]:
+    """``(torch key, rule, layer)`` of every tensor ``export_state_dict`` writes, in Hugging
+    Face order: the embeddings, then layer by layer, then the final norm and head."""
+    arch = architecture(arch) if isinstance(arch, str) else arch
+    shapes = target_shapes(arch, config)
+    plan = arch.table.bind({p: s.shape for p, s in shapes.items()}, config.n_layers)
+    first_layered = next((i for i, r in enumerate(arch.table.rules) if r.per_layer), 0)
+
+    def position(item):
+        _, (rule, layer) = item
+        index = arch.table.rules.index(rule)
+        phase = 1 if rule.per_layer else (0 if index < first_layered else 2)
+        return (phase, layer or 0, index)
+
+    return [(key, rule, layer) for key, (rule, layer) in sorted(plan.items(), key=position)]
+
+
+def export_state_dict(
+    params: "Mapping | nnx.State", arch: "str | Architecture", config: TransformerConfig
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The torch state_dict of jaxckpt ``params``, one ``(key, array)`` at a time.
+
+    The inverse of ``convert_state_dict``: the same rules read backward, so a round
+    trip is bit-identical. Arrays keep the parameters' dtype.
+
+    Args:
+        params: the model's ``nnx.Param`` state, or its pure dict.
+
+    Example:
+        >>> from flax import nnx
+        >>> from jaxckpt.nn import Block
+        >>> from torch_bridge import export_state_dict, seed_block_config
+        >>> cfg = seed_block_config(4, 2)
+        >>> params = nnx.state(Block(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        >>> [(k, a.shape) for k, a in export_state_dict(params, "seed-block", cfg)][2]
+        ('q_proj.weight', (4, 4))
+    """
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    flat = {path: np.asarray(leaf) for path, leaf in flatten(params).items()}
+    for key, rule, layer in export_order(arch, config):
+        yield key, rule.to_torch(flat, layer)

@@ -1,0 +1,319 @@
+"""``load_hf`` / ``save_hf`` and the seed block's ``.pt``: checkpoints in and out of jaxckpt."""
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxckpt.nn import Block, Transformer, TransformerConfig
+from torch_bridge._archs import Architecture, architecture, architecture_of, seed_block_config
+from torch_bridge._convert import (
+    ConversionReport,
+    convert_state_dict,
+    export_order,
+    export_state_dict,
+    flatten,
+    model_class,
+    target_shapes,
+    unflatten,
+)
+from torch_bridge._hf_config import READERS
+from torch_bridge._sources import find_config, open_tensors
+from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors, write_torch_file
+
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+DTYPES |= {"fp16": "float16", "float16": "float16"}
+"""Names ``dtype=`` and ``--dtype`` accept -> ``TransformerConfig`` dtype names."""
+
+
+def _dtype_name(dtype) -> str:
+    if str(dtype) not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[str(dtype)]
+
+
+def config_from_hf(hf: "Mapping | str | os.PathLike", *, dtype: str = "float32") -> TransformerConfig:
+    """The ``TransformerConfig`` of a Hugging Face LLaMA or GPT-2 ``config.json``.
+
+    Args:
+        hf: the config as a dict, or the path of a ``config.json`` (or of its directory).
+        dtype: parameter and compute dtype of the jaxckpt model.
+
+    Raises:
+        ValueError: for an unknown ``model_type`` or a field jaxckpt cannot honour (named).
+
+    Example:
+        >>> cfg = config_from_hf({"model_type": "gpt2", "vocab_size": 11, "n_embd": 6, "n_layer": 1,
+        ...                       "n_head": 3})
+        >>> cfg.family, cfg.ffn_dim, cfg.activation, cfg.tie_embeddings
+        ('gpt2', 24, 'gelu_tanh', True)
+    """
+    return _translate(*_hf_dict(hf), _dtype_name(dtype), notes=[])[1]
+
+
+def _hf_dict(hf) -> tuple[dict, str]:
+    if isinstance(hf, Mapping):
+        return dict(hf), "config"
+    path = Path(hf)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        return json.loads(path.read_text()), str(path)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+
+
+def _translate(hf: dict, source: str, dtype: str, notes: list[str]) -> tuple[Architecture, TransformerConfig]:
+    arch = architecture_of(hf, source)
+    try:
+        fields = READERS[arch.model_type](hf, notes)
+    except KeyError as err:
+        raise ValueError(f"{source}: required field {err.args[0]!r} is missing") from err
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from err
+    return arch, TransformerConfig(**fields, dtype=dtype, param_dtype=dtype)
+
+
+@dataclasses.dataclass
+class Converted:
+    """A checkpoint read into jaxckpt parameters (not yet JAX arrays).
+
+    Attributes:
+        arch: its architecture. config: the jaxckpt config. params: the nested dict of
+        numpy arrays of the model's ``nnx.Param`` state. report: what did not map cleanly.
+    """
+
+    arch: Architecture
+    config: TransformerConfig
+    params: dict
+    report: ConversionReport
+
+    def model(self) -> "Transformer | Block":
+        """The jaxckpt model holding these parameters (zero-copy on CPU)."""
+        return build_model(self.arch, self.config, self.params)
+
+
+def build_model(arch: Architecture, config: TransformerConfig, params: dict) -> "Transformer | Block":
+    """An ``nn.Transformer`` (or the seed's ``nn.Block``) holding ``params``; no random
+    initialisation happens and each numpy buffer is released as it moves into JAX."""
+    cls = model_class(arch)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
+    flat = flatten(params)
+    for path in list(flat):
+        flat[path] = jax.device_put(flat.pop(path))
+    nnx.replace_by_pure_dict(state, unflatten(flat))
+    return nnx.merge(graphdef, state)
+
+
+def read_checkpoint(
+    path: "str | os.PathLike",
+    *,
+    config: "Mapping | str | os.PathLike | TransformerConfig | None" = None,
+    arch: str | None = None,
+    dtype: str | None = None,
+    allow_missing: bool = False,
+    on_tensor: Callable[[str, int], None] | None = None,
+) -> Converted:
+    """Reads a checkpoint, one tensor at a time, into jaxckpt parameters.
+
+    Args:
+        path: a Hugging Face directory (``config.json`` + safetensors or ``.bin``, single
+            or sharded), or one ``.safetensors``/``.pt``/``.bin`` state_dict file.
+        config: needed for a single file: a Hugging Face config (dict or path) or a
+            ``TransformerConfig``; for a directory it replaces ``config.json``.
+        arch: ``"llama"``, ``"gpt2"`` or ``"seed-block"``; default: from the config.
+        dtype: ``"fp32"``/``"bf16"``/``"fp16"``; default: the checkpoint's own (the
+            dtype of its largest tensor), so bf16 stays bf16.
+        allow_missing: keep missing parameters at zero instead of raising.
+        on_tensor: progress callback ``(key, nbytes)``.
+
+    Raises:
+        ValueError / FileNotFoundError: naming the file or tensor at fault.
+    """
+    with open_tensors(path) as source:
+        chosen, config, notes = _resolve_config(path, source, config, arch, dtype)
+        params, report = convert_state_dict(
+            source, chosen, config, allow_missing=allow_missing, on_tensor=on_tensor
+        )
+    report.notes.extend(notes)
+    return Converted(chosen, config, params, report)
+
+
+def native_dtype(source) -> str:
+    """The dtype name of a checkpoint: its largest tensor's (``"float32"`` when unknown)."""
+    largest = max(source.keys(), key=lambda k: int(np.prod(source.shape(k))), default=None)
+    return DTYPES.get(str(source.dtype(largest)), "float32") if largest is not None else "float32"
+
+
+def _resolve_config(path, source, config, arch, dtype) -> tuple[Architecture, TransformerConfig, list[str]]:
+    """The architecture and jaxckpt config of a checkpoint, and the notes of its translation.
+
+    The dtype is ``dtype`` when given; else a ``TransformerConfig``'s own, or the
+    checkpoint's native dtype for a Hugging Face config."""
+    if config is None:
+        config = find_config(path)
+        if config is None:
+            raise ValueError(
+                f"{path}: a single state_dict file needs an explicit config "
+                "(config= a Hugging Face config.json or a TransformerConfig; --config on the CLI)"
+            )
+    notes: list[str] = []
+    if isinstance(config, TransformerConfig):
+        if dtype is not None:
+            config = config.replace(dtype=_dtype_name(dtype), param_dtype=_dtype_name(dtype))
+        return architecture(arch or config.family), config, notes
+    name = _dtype_name(dtype) if dtype is not None else native_dtype(source)
+    chosen, config = _translate(*_hf_dict(config), name, notes)
+    return (architecture(arch) if arch is not None else chosen), config, notes
+
+
+def load_hf(path: "str | os.PathLike", *, dtype: str | None = None, **options) -> Transformer:
+    """A jaxckpt ``nn.Transformer`` from a Hugging Face LLaMA or GPT-2 checkpoint.
+
+    Args:
+        path: the model directory (``config.json`` + ``model.safetensors``, sharded
+            safetensors with their index, ``pytorch_model.bin`` or sharded ``.bin``), or a
+            single state_dict file together with ``config=``.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``; default: the checkpoint's.
+        **options: ``config``, ``arch``, ``allow_missing``, ``on_tensor`` of
+            ``read_checkpoint``.
+
+    Example:
+        >>> import tempfile, torch, transformers
+        >>> d = tempfile.mkdtemp()
+        >>> cfg = transformers.LlamaConfig(vocab_size=11, hidden_size=6, intermediate_size=10,
+        ...     num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=1)
+        >>> transformers.LlamaForCausalLM(cfg).save_pretrained(d)
+        >>> model = load_hf(d)
+        >>> model.config.n_kv_heads, model.config.d_model
+        (1, 6)
+    """
+    converted = read_checkpoint(path, dtype=dtype, **options)
+    if converted.arch.block:
+        raise ValueError(f"{path}: the seed block is one layer, not a model; use load_seed_block")
+    return converted.model()
+
+
+def write_hf(
+    params,
+    config: TransformerConfig,
+    path: "str | os.PathLike",
+    *,
+    max_shard_size: "str | int" = "5GB",
+    force: bool = False,
+    on_tensor: Callable[[str, int], None] | None = None,
+) -> Path:
+    """Writes ``params`` (a ``Transformer``'s ``nnx.Param`` state or its pure dict) as a
+    Hugging Face directory: safetensors shards, their index and ``config.json``."""
+    arch = architecture(config.family)
+    limit = parse_shard_size(max_shard_size)
+    shapes = target_shapes(arch, config)
+    order = export_order(arch, config)
+    specs = [
+        (k, r.torch_shape({p: shapes[p].shape for p in r.jax}), shapes[r.jax[0]].dtype) for k, r, _ in order
+    ]
+    rules = {key: (rule, layer) for key, rule, layer in order}
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    flat = {p: np.asarray(leaf) for p, leaf in flatten(params).items()}
+
+    def get(key: str) -> np.ndarray:
+        rule, layer = rules[key]
+        array = rule.to_torch(flat, layer)
+        if on_tensor is not None:
+            on_tensor(key, array.nbytes)
+        return array
+
+    with atomic_output(path, force=force) as tmp:
+        write_safetensors(tmp, specs, get, max_shard_size=limit, metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(arch.hf_config(config), indent=2) + "\n")
+    return Path(path)
+
+
+def save_hf(
+    model: Transformer, path: "str | os.PathLike", *, max_shard_size: "str | int" = "5GB", force: bool = False
+) -> Path:
+    """Writes ``model`` as a Hugging Face directory that ``transformers`` loads.
+
+    Safetensors (sharded above ``max_shard_size``, with ``model.safetensors.index.json``)
+    and ``config.json``. Parameters keep their dtype. The directory is written under a
+    temporary name and renamed when complete.
+
+    Raises:
+        FileExistsError: when ``path`` exists and ``force`` is False.
+        ValueError: when the model is not expressible as LLaMA or GPT-2 (names the field).
+
+    Example:
+        >>> import tempfile, os
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
+        >>> out = save_hf(nn.Transformer(cfg, rngs=nnx.Rngs(0)), os.path.join(tempfile.mkdtemp(), "m"))
+        >>> sorted(os.listdir(out))
+        ['config.json', 'model.safetensors']
+    """
+    if isinstance(model, Block):
+        raise TypeError("save_hf writes a Transformer; the seed block is written by save_seed_block")
+    return write_hf(
+        nnx.state(model, nnx.Param), model.config, path, max_shard_size=max_shard_size, force=force
+    )
+
+
+def load_seed_block(
+    path: "str | os.PathLike", *, num_heads: int, dtype: str | None = None, allow_missing: bool = False
+) -> Block:
+    """The seed article's ``FlashAttentionWithCheckpoint`` block as a jaxckpt ``nn.Block``.
+
+    ``hidden_dim`` is read from ``q_proj.weight``; ``num_heads`` cannot be, so give it.
+
+    Example:
+        >>> import os, tempfile, torch
+        >>> sd = {f"{n}.{k}": torch.zeros(6, 6) if k == "weight" else torch.zeros(6)
+        ...       for n in ("q_proj", "k_proj", "v_proj", "out_proj") for k in ("weight", "bias")}
+        >>> sd |= {f"ln{i}.{k}": torch.ones(6) for i in (1, 2) for k in ("weight", "bias")}
+        >>> sd |= {"ffn.0.weight": torch.zeros(24, 6), "ffn.0.bias": torch.zeros(24),
+        ...        "ffn.2.weight": torch.zeros(6, 24), "ffn.2.bias": torch.zeros(6)}
+        >>> path = os.path.join(tempfile.mkdtemp(), "block.pt")
+        >>> torch.save(sd, path)
+        >>> load_seed_block(path, num_heads=3).attn.heads
+        (3, 3, 2)
+    """
+    config = seed_config_of(path, num_heads, dtype)
+    return read_checkpoint(path, config=config, arch="seed-block", allow_missing=allow_missing).model()
+
+
+def seed_config_of(path: "str | os.PathLike", num_heads: int, dtype: str | None = None) -> TransformerConfig:
+    """The config of the seed-block state_dict at ``path``: ``hidden_dim`` from
+    ``q_proj.weight``, the dtype from ``dtype`` or the file."""
+    if not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int (the seed block's head count), got {num_heads!r}")
+    with open_tensors(path) as source:
+        if "q_proj.weight" not in source:
+            raise ValueError(f"{path}: no 'q_proj.weight'; this is not a seed-block state_dict")
+        hidden_dim = source.shape("q_proj.weight")[1]
+        name = _dtype_name(dtype) if dtype is not None else native_dtype(source)
+    if hidden_dim % num_heads:
+        raise ValueError(f"num_heads={num_heads} does not divide the block's hidden_dim={hidden_dim}")
+    return seed_block_config(hidden_dim, num_heads, dtype=name, param_dtype=name)
+
+
+def save_seed_block(block: Block, path: "str | os.PathLike", *, force: bool = False) -> Path:
+    """Writes an ``nn.Block`` as the seed block's torch ``.pt`` state_dict.
+
+    Raises:
+        FileExistsError: when ``path`` exists and ``force`` is False.
+    """
+    path = Path(path)
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists; pass force=True (--force) to replace it")
+    tensors = export_state_dict(nnx.state(block, nnx.Param), "seed-block", _block_config(block))
+    return write_torch_file(path, tensors)
+
+
+def _block_config(block: Block) -> TransformerConfig:
+    n, _, h = block.attn.heads
+    return seed_block_config(n * h, n)

@@ -1,0 +1,18 @@
+"""The ``jaxckpt.model_sources`` plugin: ``jaxckpt train --init-from HF_DIR`` reads a
+Hugging Face directory through these two functions (jaxckpt never imports torch_bridge)."""
+
+import os
+
+from jaxckpt.nn import TransformerConfig
+from torch_bridge._models import config_from_hf, read_checkpoint
+
+
+def config(path: "str | os.PathLike") -> TransformerConfig:
+    """The jaxckpt config of the Hugging Face directory ``path`` (fp32)."""
+    return config_from_hf(path)
+
+
+def params(path: "str | os.PathLike", config: TransformerConfig) -> dict:
+    """The directory's parameters for ``config`` (cast to ``config.param_dtype``), as the
+    nested dict of numpy arrays of the model's ``nnx.Param`` state."""
+    return read_checkpoint(path, config=config, dtype=config.param_dtype).params
