@@ -1,0 +1,152 @@
+"""Tiny random PyTorch models for the torch_bridge tests, and every way of saving them.
+
+Built offline (no hub access): a LLaMA with GQA (5 query heads, 1 kv head, untied
+head), a GPT-2 (tied head) and the seed article's ``FlashAttentionWithCheckpoint``
+block computed with exact softmax attention.
+"""
+
+import json
+import math
+import os
+from pathlib import Path
+
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+import transformers
+
+VOCAB = 301  # >= 256 so that byte-level fine-tuning works, odd so axes cannot mix up
+LAYERS = 3
+
+
+def tiny_llama(seed: int = 0, dtype=torch.float32) -> transformers.LlamaForCausalLM:
+    """LLaMA: 5 query heads and 1 kv head (GQA), head_dim 6, untied head."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=25,
+        intermediate_size=37,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        head_dim=6,
+        max_position_embeddings=64,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    return _randomized(transformers.LlamaForCausalLM(config), dtype)
+
+
+def tiny_gpt2(seed: int = 0, dtype=torch.float32) -> transformers.GPT2LMHeadModel:
+    """GPT-2: 3 heads of 5, tied head, gelu_new."""
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=15, n_layer=LAYERS, n_head=3, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    return _randomized(transformers.GPT2LMHeadModel(config), dtype)
+
+
+def _randomized(model, dtype):
+    """Norm weights and biases are 1 and 0 at init: randomise them so that a mix-up shows."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.to(dtype).eval()
+
+
+class SeedBlock(torch.nn.Module):
+    """The seed's ``FlashAttentionWithCheckpoint`` with its blockwise loop replaced by exact
+    softmax attention (the seed's loop normalises by a sum of log-sum-exps: it is wrong).
+
+    Same parameter names and ``_forward_impl`` as the article: pre-LN, ``x + attn``,
+    ``x + ffn``, exact GELU, non-causal attention.
+    """
+
+    def __init__(self, hidden_dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, hidden_dim // num_heads
+        self.q_proj = torch.nn.Linear(hidden_dim, hidden_dim)
+        self.k_proj = torch.nn.Linear(hidden_dim, hidden_dim)
+        self.v_proj = torch.nn.Linear(hidden_dim, hidden_dim)
+        self.out_proj = torch.nn.Linear(hidden_dim, hidden_dim)
+        self.ln1 = torch.nn.LayerNorm(hidden_dim)
+        self.ln2 = torch.nn.LayerNorm(hidden_dim)
+        self.ffn = torch.nn.Sequential(
+            torch.nn.Linear(hidden_dim, hidden_dim * 4),
+            torch.nn.GELU(),
+            torch.nn.Linear(hidden_dim * 4, hidden_dim),
+        )
+
+    def forward(self, x):
+        b, n, d = x.shape
+        x_norm = self.ln1(x)
+        q, k, v = (
+            p(x_norm).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        attn = (scores.softmax(-1) @ v).transpose(1, 2).contiguous().view(b, n, d)
+        x = x + self.out_proj(attn)
+        return x + self.ffn(self.ln2(x))
+
+
+def tiny_seed_block(seed: int = 0) -> SeedBlock:
+    """A seed block of hidden 21 with 3 heads, random LayerNorm weights."""
+    torch.manual_seed(seed)
+    return _randomized(SeedBlock(21, 3), torch.float32)
+
+
+def tokens(batch: int = 2, length: int = 11, seed: int = 0) -> np.ndarray:
+    """Random token ids ``[batch, length]``."""
+    return np.random.default_rng(seed).integers(0, VOCAB, (batch, length))
+
+
+def torch_logits(model, ids: np.ndarray) -> np.ndarray:
+    """The torch model's fp32 logits for ``ids``."""
+    with torch.no_grad():
+        return model(torch.as_tensor(ids)).logits.float().numpy()
+
+
+FORMATS = ("safetensors", "sharded-safetensors", "bin", "sharded-bin", "pt")
+
+
+def save(model, directory: Path, fmt: str) -> Path:
+    """Saves ``model`` in one of ``FORMATS``; returns what to load (a directory, or the
+    ``.pt`` file for ``"pt"``, whose config is then ``directory / "config.json"``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if fmt == "pt":
+        model.config.to_json_file(directory / "config.json")
+        torch.save(model.state_dict(), directory / "model.pt")
+        return directory / "model.pt"
+    if fmt.endswith("safetensors"):
+        shard = "8KB" if fmt.startswith("sharded") else "1GB"
+        model.save_pretrained(directory, max_shard_size=shard)
+        return directory
+    _save_bin(model, directory, sharded=fmt.startswith("sharded"))
+    return directory
+
+
+def _save_bin(model, directory: Path, sharded: bool) -> None:
+    """``pytorch_model.bin`` (or shards + ``pytorch_model.bin.index.json``), as older
+    transformers wrote them; transformers 5 no longer writes .bin itself."""
+    model.config.to_json_file(directory / "config.json")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    if not sharded:
+        torch.save(state, directory / "pytorch_model.bin")
+        return
+    keys = list(state)
+    groups = [keys[i : i + 7] for i in range(0, len(keys), 7)]
+    weight_map = {}
+    for i, group in enumerate(groups, 1):
+        name = f"pytorch_model-{i:05d}-of-{len(groups):05d}.bin"
+        torch.save({k: state[k] for k in group}, directory / name)
+        weight_map |= dict.fromkeys(group, name)
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps(index))
