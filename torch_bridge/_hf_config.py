@@ -31,7 +31,7 @@ _GPT2_ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 
 
 def _refuse(field: str, value, why: str) -> ValueError:
-    return ValueError(f"config.json: {field}={value!r} is not supported by jaxckpt ({why})")
+    return ValueError(f"{field}={value!r} is not supported by jaxckpt ({why})")
 
 
 def _check_fields(hf: dict, used: set[str], notes: list[str]) -> None:
