@@ -1,0 +1,399 @@
+"""Streaming readers for PyTorch / Hugging Face weight files, one tensor at a time.
+
+``open_tensors`` finds the weight files of a checkpoint (a directory in any layout of
+``WEIGHT_LAYOUTS``, or one ``.safetensors`` / ``.pt`` / ``.pth`` / ``.bin`` file), reads
+every name, shape and dtype from the headers alone, and returns a ``TensorSource`` that
+reads tensors on demand. torch files are memory-mapped (the legacy non-zip format cannot be).
+"""
+
+import difflib
+import itertools
+import json
+import math
+import os
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import safetensors
+
+from torch_bridge._torch import torch
+
+WEIGHT_LAYOUTS = (
+    "model.safetensors",
+    "model.safetensors.index.json (sharded safetensors)",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json (sharded .bin)",
+)
+_LAYOUT_FILES = tuple(layout.split()[0] for layout in WEIGHT_LAYOUTS)
+FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+_ST_DTYPES = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
+    "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64, "C64": np.complex64,
+}  # fmt: skip
+_TORCH_DTYPES = {
+    "bool": np.bool_, "uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16,
+    "uint32": np.uint32, "int32": np.int32, "uint64": np.uint64, "int64": np.int64,
+    "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
+    "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2,
+}  # fmt: skip
+# torch dtypes numpy lacks cross the boundary as a same-width integer view (no copy).
+TORCH_VIEWS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
+
+
+@dataclass(frozen=True)
+class _Meta:
+    file: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+
+
+def _corrupt(path: Path, reason: str, kind: str = "safetensors") -> ValueError:
+    hint = "It may be truncated or corrupt; download or save it again."
+    return ValueError(f"{path} is not a valid {kind} file: {reason}. {hint}")
+
+
+def _read_st_header(path: Path) -> tuple[dict, int]:
+    """The JSON header of a safetensors file and the number of data bytes after it."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise _corrupt(path, f"it has {size} bytes, fewer than the 8-byte header length")
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            raise _corrupt(path, f"the header claims {length} bytes but only {size - 8} follow")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _corrupt(path, f"its header is not JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise _corrupt(path, f"its header is a JSON {type(header).__name__}, not an object")
+    return header, size - 8 - length
+
+
+def _safetensors_rows(path: Path) -> list[tuple[str, tuple[int, ...], np.dtype, int]]:
+    header, data_size = _read_st_header(path)
+    rows = []
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            dims = (*shape, begin, end)
+            if not (isinstance(dtype, str) and all(isinstance(d, int) and d >= 0 for d in dims)):
+                raise TypeError
+        except (TypeError, KeyError, ValueError):
+            raise _corrupt(path, f"the header entry of tensor {key!r} is malformed: {info!r}") from None
+        if dtype not in _ST_DTYPES:
+            raise ValueError(f"{path}: tensor {key!r} has dtype {dtype}, which numpy cannot hold")
+        np_dtype = np.dtype(_ST_DTYPES[dtype])
+        if end - begin != math.prod(shape) * np_dtype.itemsize:
+            raise _corrupt(path, f"tensor {key!r} spans bytes {begin}..{end}, not {shape} of {dtype}")
+        if end > data_size:
+            raise _corrupt(path, f"tensor {key!r} ends at data byte {end} but the file has {data_size}")
+        rows.append((begin, (key, shape, np_dtype, end - begin)))
+    return [row for _, row in sorted(rows, key=lambda r: r[0])]
+
+
+class _SafetensorsReader:
+    rows = staticmethod(_safetensors_rows)
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._file = safetensors.safe_open(str(path), framework="np")
+        except safetensors.SafetensorError as err:
+            raise _corrupt(path, str(err)) from err
+
+    def get(self, key: str) -> np.ndarray:
+        try:
+            return self._file.get_tensor(key)
+        except safetensors.SafetensorError as err:
+            raise ValueError(f"{self.path}: cannot read tensor {key!r} ({err})") from err
+
+    def close(self) -> None:
+        self._file.__exit__(None, None, None)
+
+
+def _torch_load(path: Path) -> Any:
+    mmap = zipfile.is_zipfile(path)
+    # torch can only mmap the zip format (torch >= 1.6). The legacy format (and a file too
+    # damaged to be recognised as zip) is loaded whole with mmap=False.
+    try:
+        return torch().load(path, mmap=mmap, weights_only=True, map_location="cpu")
+    except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, UnpicklingError...
+        raise _corrupt(path, f"torch.load failed ({type(err).__name__}: {err})", "PyTorch") from err
+
+
+def _state_dict(obj: Any, path: Path) -> dict:
+    """The flat ``{name: tensor}`` dict in what ``torch.load`` returned (maybe nested)."""
+    is_tensor, found = torch().is_tensor, obj
+    if isinstance(obj, dict) and not any(map(is_tensor, obj.values())):
+        found = next((obj[k] for k in ("state_dict", "model") if isinstance(obj.get(k), dict)), obj)
+    if not isinstance(found, dict) or (found and not any(map(is_tensor, found.values()))):
+        top = f"a dict with top-level keys {list(obj)[:20]}" if isinstance(obj, dict) else None
+        raise ValueError(
+            f"{path} holds {top or 'a ' + type(obj).__name__}; expected a state_dict (a dict of "
+            "tensors), or one stored under the key 'state_dict' or 'model'"
+        )
+    for key, value in found.items():
+        if not is_tensor(value):
+            raise ValueError(
+                f"{path}: state_dict entry {key!r} is a {type(value).__name__}, not a tensor; "
+                "save a flat {name: tensor} dict such as model.state_dict()"
+            )
+    return found
+
+
+def _numpy_dtype(tensor: Any, key: str, path: Path) -> np.dtype:
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name not in _TORCH_DTYPES:
+        raise ValueError(f"{path}: tensor {key!r} has dtype torch.{name}, which numpy cannot hold")
+    return np.dtype(_TORCH_DTYPES[name])
+
+
+def _to_numpy(tensor: Any, key: str, path: Path) -> np.ndarray:
+    """A numpy view of a CPU tensor (a copy only when it is not contiguous)."""
+    dtype = _numpy_dtype(tensor, key, path)
+    t = tensor.detach().resolve_conj().resolve_neg().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in TORCH_VIEWS:
+        return t.view(getattr(torch(), TORCH_VIEWS[name])).numpy().view(dtype)
+    return t.numpy()
+
+
+def _torch_rows(path: Path) -> list[tuple[str, tuple[int, ...], np.dtype, int]]:
+    state = _state_dict(_torch_load(path), path)
+    return [
+        (key, tuple(t.shape), _numpy_dtype(t, key, path), t.numel() * t.element_size())
+        for key, t in state.items()
+    ]
+
+
+class _TorchReader:
+    rows = staticmethod(_torch_rows)
+
+    def __init__(self, path: Path):
+        self.path, self._state = path, _state_dict(_torch_load(path), path)
+
+    def get(self, key: str) -> np.ndarray:
+        return _to_numpy(self._state[key], key, self.path)
+
+    def close(self) -> None:
+        self._state = {}  # the mmap goes when the last tensor (or array viewing it) does
+
+
+def _reader(path: Path) -> type[_SafetensorsReader | _TorchReader]:
+    """The reader class of a weight file, by its suffix."""
+    return _SafetensorsReader if path.suffix == ".safetensors" else _TorchReader
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not all(isinstance(shard, str) for shard in weight_map.values()):
+            raise TypeError
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{index} is not valid JSON ({err}); download or write it again") from None
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError(f'{index} needs a "weight_map" object mapping each tensor to a shard file') from None
+    for key, shard in weight_map.items():
+        if not (index.parent / shard).is_file():
+            raise FileNotFoundError(
+                f"{index} puts tensor {key!r} in shard {shard!r}, but {index.parent / shard} does "
+                "not exist; download the missing shard"
+            )
+    return weight_map
+
+
+def _weight_files(path: Path) -> tuple[list[Path], Path | None, dict[str, str]]:
+    """The weight files of ``path`` in storage order, the index naming them, its weight_map."""
+    if path.is_file():
+        if path.suffix not in FILE_SUFFIXES:
+            raise ValueError(f"{path}: cannot tell its format; expected a file ending in {FILE_SUFFIXES}")
+        return [path], None, {}
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} does not exist")
+    for name in _LAYOUT_FILES:
+        if (path / name).is_file():
+            if not name.endswith(".index.json"):
+                return [path / name], None, {}
+            weight_map = _read_index(path / name)
+            return [path / shard for shard in sorted(set(weight_map.values()))], path / name, weight_map
+    raise FileNotFoundError(
+        f"{path} holds no weights: looked for {', '.join(WEIGHT_LAYOUTS)}; "
+        "pass the checkpoint directory or one weight file"
+    )
+
+
+def _scan(files: list[Path]) -> dict[str, _Meta]:
+    metas: dict[str, _Meta] = {}
+    for number, file in enumerate(files):
+        for key, shape, dtype, nbytes in _reader(file).rows(file):
+            if key in metas:
+                raise ValueError(
+                    f"tensor {key!r} is stored twice: in {files[metas[key].file]} and in {file}; "
+                    "remove one copy"
+                )
+            metas[key] = _Meta(number, shape, dtype, nbytes)
+    return metas
+
+
+def _check_index(index: Path, weight_map: dict[str, str], files: list[Path], metas: dict[str, _Meta]) -> None:
+    for key, shard in weight_map.items():
+        where = files[metas[key].file] if key in metas else None
+        if where != index.parent / shard:
+            found = f"it is in {where}" if where else "no shard holds it"
+            raise ValueError(
+                f"{index} puts tensor {key!r} in {index.parent / shard}, but {found}; "
+                "the index and the shards disagree, download them again"
+            )
+
+
+class TensorSource:
+    """The tensors of a checkpoint, read one at a time (see ``open_tensors``).
+
+    Names, shapes, dtypes and sizes come from the headers; ``source[key]`` and
+    ``items()`` read data. At most one file is kept open for ``source[key]``; ``close()``
+    (or leaving a ``with`` block) releases it. A closed source reopens files on demand.
+
+    Example:
+        >>> import tempfile, safetensors.numpy
+        >>> d = Path(tempfile.mkdtemp())
+        >>> safetensors.numpy.save_file({"b": np.zeros(7, np.int64), "w": np.ones((3, 5))},
+        ...                             str(d / "model.safetensors"))
+        >>> with open_tensors(d) as src:
+        ...     src.keys(), src.shape("w"), src.dtype("b"), src.nbytes(), "w" in src, len(src)
+        (['b', 'w'], (3, 5), dtype('int64'), 176, True, 2)
+        >>> [(k, v.sum().item()) for k, v in open_tensors(d).items()]
+        [('b', 0), ('w', 15.0)]
+    """
+
+    def __init__(self, files: list[Path], metas: dict[str, _Meta]):
+        self.files, self._metas = tuple(files), metas
+        self._open: tuple[int, _SafetensorsReader | _TorchReader] | None = None
+
+    def keys(self) -> list[str]:
+        """Every tensor name, file by file in storage order."""
+        return list(self._metas)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._metas
+
+    def __len__(self) -> int:
+        return len(self._metas)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._metas)
+
+    def _meta(self, key: str) -> _Meta:
+        if key not in self._metas:
+            close = difflib.get_close_matches(key, self._metas, n=3) if isinstance(key, str) else []
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            where = self.files[0] if len(self.files) == 1 else [str(f) for f in self.files]
+            raise KeyError(f"no tensor {key!r} in {where}{hint}")
+        return self._metas[key]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The shape of tensor ``key`` (no data read)."""
+        return self._meta(key).shape
+
+    def dtype(self, key: str) -> np.dtype:
+        """The numpy dtype of tensor ``key`` (bf16 is ``ml_dtypes.bfloat16``; no data read)."""
+        return self._meta(key).dtype
+
+    def file_of(self, key: str) -> Path:
+        """The weight file that holds tensor ``key``."""
+        return self.files[self._meta(key).file]
+
+    def nbytes(self) -> int:
+        """The total size of all tensors in bytes, from the headers."""
+        return sum(meta.nbytes for meta in self._metas.values())
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        """Read one tensor, keeping its file open for the next read from the same file."""
+        number = self._meta(key).file
+        if self._open is None or self._open[0] != number:
+            self.close()
+            self._open = (number, _reader(self.files[number])(self.files[number]))
+        return self._open[1].get(key)
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every ``(name, array)`` in storage order; one file open at a time, each opened once."""
+        for number, keys in itertools.groupby(self._metas, lambda key: self._metas[key].file):
+            reader = _reader(self.files[number])(self.files[number])
+            try:
+                for key in keys:
+                    yield key, reader.get(key)
+            finally:
+                reader.close()
+
+    def close(self) -> None:
+        """Release the file kept open by ``source[key]``."""
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
+
+    def __enter__(self) -> "TensorSource":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TensorSource({len(self)} tensors in {[str(f) for f in self.files]})"
+
+
+def open_tensors(path: str | os.PathLike) -> TensorSource:
+    """Open the weights of a checkpoint directory or file for streaming.
+
+    Args:
+        path: a directory in one of the ``WEIGHT_LAYOUTS`` (safetensors preferred when
+            both exist), or one ``.safetensors``, ``.pt``, ``.pth`` or ``.bin`` file. A
+            torch file may hold a state_dict, or one under the key ``"state_dict"`` or
+            ``"model"``.
+
+    Returns:
+        A ``TensorSource``; every header has been read and checked, no tensor data.
+
+    Raises:
+        FileNotFoundError: no such path, no weights in the directory, or a missing shard.
+        ValueError: a corrupt or truncated file, a bad index, a tensor stored twice, an
+            index that disagrees with its shards, or a torch file that is not a state_dict.
+
+    Example:
+        >>> import tempfile, torch
+        >>> f = Path(tempfile.mkdtemp()) / "ckpt.pt"
+        >>> torch.save({"state_dict": {"w": torch.ones(3, 5, dtype=torch.bfloat16)}}, f)
+        >>> src = open_tensors(f)
+        >>> src.keys(), src.dtype("w"), src["w"].shape
+        (['w'], dtype(bfloat16), (3, 5))
+    """
+    files, index, weight_map = _weight_files(Path(path))
+    metas = _scan(files)
+    if index is not None:
+        _check_index(index, weight_map, files, metas)
+    return TensorSource(files, metas)
+
+
+def find_config(path: str | os.PathLike) -> Path | None:
+    """The ``config.json`` of a checkpoint directory; None for a file or when absent.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> find_config(d) is None, (d / "config.json").write_text("{}"), find_config(d).name
+        (True, 2, 'config.json')
+    """
+    config = Path(path) / "config.json"
+    return config if Path(path).is_dir() and config.is_file() else None

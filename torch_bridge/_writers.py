@@ -1,0 +1,276 @@
+"""Writers that never leave a partial output: HF safetensors shards, torch files, swaps.
+
+``write_safetensors`` writes the layout ``transformers`` writes (``model.safetensors``,
+or numbered shards plus ``model.safetensors.index.json``), one shard in memory at a time.
+``atomic_output`` gives a temporary path next to the destination and renames it into
+place only when the whole output is written.
+"""
+
+import contextlib
+import json
+import math
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import safetensors.numpy
+
+from jaxckpt._sizes import parse_size
+from torch_bridge._sources import TORCH_VIEWS
+from torch_bridge._torch import torch
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# numpy dtype -> (torch dtype, same-width integer it crosses the boundary as)
+_VIEWS = {np.dtype(getattr(ml_dtypes, name)): (name, view) for name, view in TORCH_VIEWS.items()}
+
+
+def parse_shard_size(text_or_int: str | int) -> int:
+    """Bytes per shard from ``"5GB"``, ``"500MB"``, ``"2GiB"`` or a number of bytes.
+
+    Raises:
+        ValueError: for text that is not a size, or a size that is not positive.
+
+    Example:
+        >>> parse_shard_size("5GB"), parse_shard_size("2GiB"), parse_shard_size(1024)
+        (5000000000, 2147483648, 1024)
+    """
+    return parse_size(text_or_int, "max_shard_size")
+
+
+def _plan_shards(sizes: Sequence[int], max_shard_size: int) -> list[list[int]]:
+    """Greedy in order: a shard closes before the tensor that would overflow it."""
+    shards: list[list[int]] = [[]]
+    filled = 0
+    for number, size in enumerate(sizes):
+        if shards[-1] and filled + size > max_shard_size:
+            shards.append([])
+            filled = 0
+        shards[-1].append(number)
+        filled += size
+    return shards
+
+
+def _shard_names(count: int) -> list[str]:
+    if count == 1:
+        return [SINGLE_FILE]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def _check_write_args(directory: Path, keys: list[str], max_shard_size: int, metadata: dict) -> None:
+    if not directory.is_dir():
+        raise FileNotFoundError(f"write_safetensors: directory {directory} does not exist; create it first")
+    stale = sorted(p.name for p in directory.glob("model*.safetensors*"))
+    if stale:
+        raise FileExistsError(
+            f"{directory} already holds {stale}; write into an empty directory (atomic_output gives one)"
+        )
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size <= 0:
+        raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+    if len(set(keys)) != len(keys):
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        raise ValueError(f"write_safetensors: tensor names {twice} appear more than once in specs")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise TypeError(f"safetensors metadata must map str to str, got {metadata!r}")
+    if metadata.get("format", "pt") != "pt":
+        raise ValueError(f'metadata["format"] must be "pt" (transformers requires it), got {metadata!r}')
+
+
+def _fetch(get: Callable[[str], np.ndarray], key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    array = np.asarray(get(key))
+    if array.shape != tuple(shape) or array.dtype != np.dtype(dtype):
+        raise ValueError(
+            f"get({key!r}) returned shape {array.shape} dtype {array.dtype}, but specs promised "
+            f"shape {tuple(shape)} dtype {np.dtype(dtype)}; make specs match the arrays"
+        )
+    return np.require(array, requirements="C")  # safetensors writes raw memory: C order only
+
+
+def write_safetensors(
+    directory: Path,
+    specs: Sequence[tuple[str, tuple[int, ...], np.dtype]],
+    get: Callable[[str], np.ndarray],
+    *,
+    max_shard_size: int,
+    metadata: dict[str, str] | None = None,
+) -> list[Path]:
+    """Write tensors in the Hugging Face safetensors layout, one shard in memory at a time.
+
+    The shards are planned from ``specs`` alone (greedy in order; a tensor larger than
+    ``max_shard_size`` gets a shard of its own), then each is filled by calling ``get``
+    for its tensors only, written, and dropped before the next.
+
+    Args:
+        directory: an existing directory with no ``model*.safetensors*`` files in it.
+        specs: ``(name, shape, dtype)`` of every tensor, in the order to store them.
+        get: returns the array of one name; it must match its spec.
+        max_shard_size: bytes per shard (see ``parse_shard_size``).
+        metadata: extra safetensors header metadata; ``{"format": "pt"}`` is always set.
+
+    Returns:
+        The weight files written, in order: ``[directory / "model.safetensors"]``, or the
+        numbered shards (``model.safetensors.index.json`` is then written beside them).
+
+    Raises:
+        FileNotFoundError: ``directory`` does not exist.
+        FileExistsError: it already holds safetensors weights or an index.
+        ValueError: duplicate names, a bad size, or an array that does not match its spec.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> specs = [("a", (3, 5), np.dtype(np.float32)), ("b", (7,), np.dtype(np.float32))]
+        >>> shapes = {name: shape for name, shape, _ in specs}
+        >>> files = write_safetensors(d, specs, lambda k: np.ones(shapes[k], np.float32), max_shard_size=64)
+        >>> [f.name for f in files], json.loads((d / INDEX_FILE).read_text())["metadata"]
+        (['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors'], {'total_size': 88})
+    """
+    directory, metadata = Path(directory), dict(metadata or {})
+    _check_write_args(directory, [spec[0] for spec in specs], max_shard_size, metadata)
+    sizes = [math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in specs]
+    shards = _plan_shards(sizes, max_shard_size)
+    names, weight_map = _shard_names(len(shards)), {}
+    for name, shard in zip(names, shards, strict=True):
+        tensors = {specs[i][0]: _fetch(get, *specs[i]) for i in shard}
+        safetensors.numpy.save_file(tensors, str(directory / name), metadata={**metadata, "format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        del tensors
+    if len(names) > 1:
+        index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"  # as transformers writes it
+        (directory / INDEX_FILE).write_text(text, encoding="utf-8")
+    return [directory / name for name in names]
+
+
+def _to_torch(key: str, array: np.ndarray):
+    """A torch tensor sharing memory with ``array`` (copied only if not C-order or read-only)."""
+    array = np.require(np.asarray(array), requirements=["C", "W"])
+    if array.dtype in _VIEWS:
+        name, view = _VIEWS[array.dtype]
+        return torch().from_numpy(array.view(view)).view(getattr(torch(), name))
+    try:
+        return torch().from_numpy(array)
+    except TypeError as err:
+        raise ValueError(f"tensor {key!r} has dtype {array.dtype}, which torch cannot hold ({err})") from err
+
+
+def write_torch_file(path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> Path:
+    """Write ``(name, array)`` pairs as a torch state_dict with ``torch.save``, atomically.
+
+    The data goes to a hidden temporary file beside ``path``, renamed over it at the end:
+    a failure leaves any old file intact. ``torch.save`` needs the whole dict, so every
+    tensor is in memory at once (shared with the given arrays where possible).
+
+    Raises:
+        FileNotFoundError: the parent directory of ``path`` does not exist.
+        IsADirectoryError: ``path`` is a directory.
+        ValueError: a name given twice, or a dtype torch cannot hold.
+
+    Example:
+        >>> import tempfile, torch
+        >>> f = write_torch_file(Path(tempfile.mkdtemp()) / "w.pt",
+        ...                      [("w", np.ones((3, 5), ml_dtypes.bfloat16))])
+        >>> torch.load(f)["w"].dtype
+        torch.bfloat16
+    """
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"write_torch_file: {path} is a directory; pass the path of a .pt/.bin file")
+    state = {}
+    for key, array in tensors:
+        if key in state:
+            raise ValueError(f"write_torch_file({path}): tensor {key!r} given twice")
+        state[key] = _to_torch(key, array)
+    with atomic_output(path, force=True, is_dir=False) as tmp:
+        torch().save(state, tmp)
+    return Path(path)
+
+
+def _sibling(destination: Path, kind: str) -> Path:
+    """A hidden, unused name next to ``destination``."""
+    while True:
+        candidate = destination.with_name(f".{destination.name}.{kind}-{secrets.token_hex(4)}")
+        if not os.path.lexists(candidate):
+            return candidate
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _refuse_existing(destination: Path, force: bool) -> None:
+    if not force and os.path.lexists(destination):
+        raise FileExistsError(
+            f"{destination} already exists; pass --force (force=True) to replace it, or choose another path"
+        )
+
+
+def _swap_in(new: Path, destination: Path) -> None:
+    """Rename ``new`` onto ``destination``; an old one is moved away first, deleted last."""
+    if not os.path.lexists(destination):
+        os.rename(new, destination)
+    elif not new.is_dir() and (destination.is_symlink() or not destination.is_dir()):
+        os.replace(new, destination)  # a file over a file: one atomic step
+    else:
+        old = _sibling(destination, "old")
+        os.rename(destination, old)
+        try:
+            os.rename(new, destination)
+        except BaseException:
+            os.rename(old, destination)
+            raise
+        _remove(old)
+
+
+@contextlib.contextmanager
+def atomic_output(
+    destination: str | os.PathLike, *, force: bool = False, is_dir: bool = True
+) -> Iterator[Path]:
+    """A temporary path next to ``destination``, renamed onto it when the block succeeds.
+
+    The temporary path is hidden (``.{name}.tmp-XXXXXXXX``) in the same directory, so the
+    final rename never crosses file systems. For ``is_dir=True`` it is created as an empty
+    directory; for a file the caller creates it. If the block raises, the temporary output
+    is removed and the exception propagates: ``destination`` never holds partial output.
+    With ``force`` an existing destination is replaced (a directory is renamed away, the
+    new one renamed in, then the old one deleted, so one of them is always there).
+
+    Raises:
+        FileNotFoundError: the parent directory of ``destination`` does not exist, or a
+            block with ``is_dir=False`` wrote nothing.
+        FileExistsError: ``destination`` exists and ``force`` is False (checked on entry,
+            before anything is written, and again before the rename).
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "converted"
+        >>> with atomic_output(out) as tmp:
+        ...     _ = (tmp / "config.json").write_text("{}")
+        >>> sorted(p.name for p in out.iterdir())
+        ['config.json']
+    """
+    target = Path(os.path.abspath(destination))
+    if not target.parent.is_dir():
+        raise FileNotFoundError(
+            f"cannot write {target}: its parent directory {target.parent} does not exist; create it first"
+        )
+    _refuse_existing(target, force)
+    tmp = _sibling(target, "tmp")
+    if is_dir:
+        tmp.mkdir()
+    try:
+        yield tmp
+        if not os.path.lexists(tmp):
+            raise FileNotFoundError(f"nothing was written to {tmp}, so {target} was not created")
+        _refuse_existing(target, force)
+        _swap_in(tmp, target)
+    except BaseException:
+        _remove(tmp)
+        raise
