@@ -25,7 +25,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 test: lint
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt torch_bridge
 
 bench: setup
 	$(PY) benchmarks/bench_attention.py
