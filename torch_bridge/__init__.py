@@ -10,7 +10,8 @@ Example:
     >>> from jaxckpt import nn
     >>> import torch_bridge
     >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
-    >>> path = torch_bridge.save_hf(nn.Transformer(cfg, rngs=nnx.Rngs(0)), os.path.join(tempfile.mkdtemp(), "m"))
+    >>> model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
+    >>> path = torch_bridge.save_hf(model, os.path.join(tempfile.mkdtemp(), "m"))
     >>> torch_bridge.load_hf(path).config.d_model
     16
 """

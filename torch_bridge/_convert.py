@@ -6,14 +6,13 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 
 import jax
-import ml_dtypes
 import numpy as np
 from flax import nnx
 
 from jaxckpt.nn import Block, Transformer, TransformerConfig
 from torch_bridge._archs import Architecture, architecture
+from torch_bridge._dlpack import tensor_to_numpy
 from torch_bridge._table import Rule
-from torch_bridge._torch import torch
 
 LIST_AT_MOST = 8  # entries of each kind an error message lists
 
@@ -120,10 +119,7 @@ def zeros_aligned(shape: tuple[int, ...], dtype) -> np.ndarray:
 def as_numpy(value) -> np.ndarray:
     """A numpy view of a torch tensor (bf16 through an int16 view), or ``np.asarray``."""
     if hasattr(value, "detach"):  # a torch tensor, without importing torch here
-        tensor = value.detach().cpu().contiguous()
-        if str(tensor.dtype) == "torch.bfloat16":  # numpy has no bf16: view the bits
-            return tensor.view(torch().int16).numpy().view(ml_dtypes.bfloat16)
-        return tensor.numpy()
+        return tensor_to_numpy(value)
     return np.asarray(value)
 
 

@@ -28,7 +28,15 @@ import numpy as np
 
 from torch_bridge._torch import torch
 
-__all__ = ["DLPACK_DTYPES", "tensor_to_numpy", "to_jax", "to_torch", "torch_dtype"]
+__all__ = [
+    "DLPACK_DTYPES",
+    "numpy_dtype",
+    "numpy_to_tensor",
+    "tensor_to_numpy",
+    "to_jax",
+    "to_torch",
+    "torch_dtype",
+]
 
 # One table serves both directions: dtype names that DLPack carries between torch and JAX.
 # Left out: sub-byte types (int4, uint4, int2, float4_e2m1fn), complex32, float8_e3m4,
@@ -92,6 +100,38 @@ def torch_dtype(dtype):
         torch.bfloat16
     """
     return _numpy_to_torch_dtypes().get(np.dtype(dtype))
+
+
+def numpy_dtype(dtype) -> "np.dtype | None":
+    """The numpy (``ml_dtypes``) dtype of a torch dtype, or None when DLPack cannot carry it.
+
+    Example:
+        >>> import torch
+        >>> numpy_dtype(torch.bfloat16)
+        dtype(bfloat16)
+    """
+    return _torch_to_numpy_dtypes().get(dtype)
+
+
+def numpy_to_tensor(array: np.ndarray):
+    """A CPU ``torch.Tensor`` sharing ``array``'s memory, bfloat16 and float8 too (the
+    inverse of ``tensor_to_numpy``; ``torch.from_numpy`` rejects dtypes numpy lacks).
+
+    Raises:
+        TypeError: if ``array.dtype`` is not in ``DLPACK_DTYPES``.
+
+    Example:
+        >>> import ml_dtypes
+        >>> numpy_to_tensor(np.ones(2, ml_dtypes.bfloat16))
+        tensor([1., 1.], dtype=torch.bfloat16)
+    """
+    dtype = torch_dtype(array.dtype)
+    if dtype is None:
+        raise TypeError(f"numpy_to_tensor: array.dtype={array.dtype} has no torch equivalent")
+    view = _numpy_views().get(dtype)
+    if view is None:
+        return _th().from_numpy(array)
+    return _th().from_numpy(array.view(_NUMPY_VIEW_AS[str(array.dtype)])).view(dtype)
 
 
 def _is_dense(tensor) -> bool:

@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
+from torch_bridge._dlpack import numpy_dtype, tensor_to_numpy
 from torch_bridge._torch import torch
 
 WEIGHT_LAYOUTS = (
@@ -37,15 +38,6 @@ _ST_DTYPES = {
     "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16,
     "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64, "C64": np.complex64,
 }  # fmt: skip
-_TORCH_DTYPES = {
-    "bool": np.bool_, "uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16,
-    "uint32": np.uint32, "int32": np.int32, "uint64": np.uint64, "int64": np.int64,
-    "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
-    "float64": np.float64, "complex64": np.complex64, "complex128": np.complex128,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2,
-}  # fmt: skip
-# torch dtypes numpy lacks cross the boundary as a same-width integer view (no copy).
-TORCH_VIEWS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
 
 
 @dataclass(frozen=True)
@@ -156,20 +148,17 @@ def _state_dict(obj: Any, path: Path) -> dict:
 
 
 def _numpy_dtype(tensor: Any, key: str, path: Path) -> np.dtype:
-    name = str(tensor.dtype).removeprefix("torch.")
-    if name not in _TORCH_DTYPES:
+    dtype = numpy_dtype(tensor.dtype)
+    if dtype is None:
+        name = str(tensor.dtype).removeprefix("torch.")
         raise ValueError(f"{path}: tensor {key!r} has dtype torch.{name}, which numpy cannot hold")
-    return np.dtype(_TORCH_DTYPES[name])
+    return dtype
 
 
 def _to_numpy(tensor: Any, key: str, path: Path) -> np.ndarray:
     """A numpy view of a CPU tensor (a copy only when it is not contiguous)."""
-    dtype = _numpy_dtype(tensor, key, path)
-    t = tensor.detach().resolve_conj().resolve_neg().contiguous()
-    name = str(t.dtype).removeprefix("torch.")
-    if name in TORCH_VIEWS:
-        return t.view(getattr(torch(), TORCH_VIEWS[name])).numpy().view(dtype)
-    return t.numpy()
+    _numpy_dtype(tensor, key, path)
+    return tensor_to_numpy(tensor.contiguous())
 
 
 def _torch_rows(path: Path) -> list[tuple[str, tuple[int, ...], np.dtype, int]]:

@@ -15,18 +15,15 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import safetensors.numpy
 
 from jaxckpt._sizes import parse_size
-from torch_bridge._sources import TORCH_VIEWS
+from torch_bridge._dlpack import numpy_to_tensor
 from torch_bridge._torch import torch
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-# numpy dtype -> (torch dtype, same-width integer it crosses the boundary as)
-_VIEWS = {np.dtype(getattr(ml_dtypes, name)): (name, view) for name, view in TORCH_VIEWS.items()}
 
 
 def parse_shard_size(text_or_int: str | int) -> int:
@@ -149,11 +146,8 @@ def write_safetensors(
 def _to_torch(key: str, array: np.ndarray):
     """A torch tensor sharing memory with ``array`` (copied only if not C-order or read-only)."""
     array = np.require(np.asarray(array), requirements=["C", "W"])
-    if array.dtype in _VIEWS:
-        name, view = _VIEWS[array.dtype]
-        return torch().from_numpy(array.view(view)).view(getattr(torch(), name))
     try:
-        return torch().from_numpy(array)
+        return numpy_to_tensor(array)
     except TypeError as err:
         raise ValueError(f"tensor {key!r} has dtype {array.dtype}, which torch cannot hold ({err})") from err
 
@@ -171,7 +165,7 @@ def write_torch_file(path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> P
         ValueError: a name given twice, or a dtype torch cannot hold.
 
     Example:
-        >>> import tempfile, torch
+        >>> import tempfile, ml_dtypes, torch
         >>> f = write_torch_file(Path(tempfile.mkdtemp()) / "w.pt",
         ...                      [("w", np.ones((3, 5), ml_dtypes.bfloat16))])
         >>> torch.load(f)["w"].dtype
