@@ -19,14 +19,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from jaxckpt.nn import Block, TransformerConfig
-from jaxckpt.train import initial_model, read_meta, restore_checkpoint, save_checkpoint
+from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpoint, save_checkpoint
 from torch_bridge._archs import ARCHITECTURES, architecture
 from torch_bridge._convert import export_order, export_state_dict
 from torch_bridge._models import DTYPES, read_checkpoint, seed_config_of, write_hf
 from torch_bridge._sources import find_config, open_tensors
 from torch_bridge._writers import atomic_output, write_torch_file
 
-PARAMS_KIND = "params"  # jaxckpt.train._init.PARAMS_KIND: a converted (parameters-only) checkpoint
 SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
 
 

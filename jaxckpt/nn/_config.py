@@ -157,8 +157,8 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, fields: dict) -> "TransformerConfig":
-        """The config ``to_dict`` wrote (a spec written as its repr comes back as ``"full"``
-        unless it names a preset; the remat spec does not change the numbers).
+        """The config that ``to_dict`` wrote. A custom ``RematSpec`` (written as its repr)
+        comes back as ``"full"``: remat does not change the numbers, only memory and time.
 
         Raises:
             ValueError: naming any field that ``TransformerConfig`` does not have.

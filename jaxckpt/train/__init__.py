@@ -11,13 +11,14 @@ Example:
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._compare import ATTENTION, compare, default_rows, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
-from jaxckpt.train._init import initial_model, source_config
+from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config
 from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._memory import MemoryReport, device_memory_stats, memory_report
 from jaxckpt.train._step import OptimizerConfig, Trainer, jit_train_step, loss_and_grads, next_token_loss
 
 __all__ = [
     "ATTENTION",
+    "PARAMS_KIND",
     "VOCAB_SIZE",
     "ByteBatches",
     "MemoryReport",
