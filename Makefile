@@ -32,6 +32,7 @@ bench: setup
 	$(VENV)/bin/jaxckpt compare --config small --batch 4 --seq 1024 --steps 3
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_vs_torch.py
 	$(PY) benchmarks/bench_planner.py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_convert.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
