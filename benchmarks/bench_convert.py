@@ -63,6 +63,7 @@ PHASES = {  # worker phase -> row label
     "read": "torch -> jax: read_checkpoint (numpy)",
     "load": "torch -> jax: load_hf (JAX model)",
     "save": "jax -> torch: save_hf (safetensors)",
+    "save1": "jax -> torch: save_hf (default 5GB: 1 shard)",
 }
 CALLS = {"full": 2000, "quick": 200}
 SAMPLE_SECONDS = 0.001
@@ -138,7 +139,7 @@ def worker(phase: str, path: Path, shard: str) -> dict:
     import torch_bridge
 
     jnp.zeros(1).block_until_ready()
-    model = torch_bridge.load_hf(path) if phase == "save" else None
+    model = torch_bridge.load_hf(path) if phase.startswith("save") else None
     out_dir = Path(tempfile.mkdtemp(prefix="bench_convert_out_")) / "model"
     torch_before = "torch" in sys.modules
     release_free_memory()
@@ -155,7 +156,8 @@ def worker(phase: str, path: Path, shard: str) -> dict:
         jax.block_until_ready(nnx.state(result, nnx.Param))
         model_bytes = _param_bytes(nnx.state(result, nnx.Param))
     else:
-        torch_bridge.save_hf(model, out_dir, max_shard_size=shard)
+        options = {"max_shard_size": shard} if phase == "save" else {}  # save1: the default
+        torch_bridge.save_hf(model, out_dir, **options)
         model_bytes = 0  # the loaded model is in the baseline
     seconds = time.perf_counter() - start
     sampled = sampler.stop()

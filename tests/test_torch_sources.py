@@ -3,6 +3,7 @@
 import json
 import os
 import struct
+import weakref
 from pathlib import Path
 
 import ml_dtypes
@@ -270,21 +271,25 @@ def test_single_file_layout(tmp_path):
     np.testing.assert_array_equal(open_tensors(tmp_path / "t")["t"], array)
 
 
-def test_sharded_layout_plan_and_index(tmp_path, monkeypatch):
-    events, real_save = [], safetensors.numpy.save_file
-    spy = lambda t, f, metadata: events.append(sorted(t)) or real_save(t, f, metadata)
-    monkeypatch.setattr(safetensors.numpy, "save_file", spy)
+def test_sharded_layout_plan_and_index(tmp_path):
+    events, alive = [], []
 
     def get(key):
         events.append(key)
-        return ARRAYS[key]
+        alive[:] = [r for r in alive if r() is not None]
+        assert not alive, "write_safetensors holds one tensor at a time"
+        array = ARRAYS[key].copy()
+        alive.append(weakref.ref(array))
+        return array
 
     # sizes in bytes: embed 30, norm 14, proj 60 (> 40: its own shard), positions 88 (own), scale 4
     files = write_safetensors(tmp_path, SPECS, get, max_shard_size=44)
     names = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
     assert [f.name for f in files] == names
     plan = [["embed.weight", "norm.weight"], ["proj.weight"], ["positions"], ["scale"]]
-    assert events == [e for shard in plan for e in [*shard, sorted(shard)]]  # get only per shard, in order
+    assert events == [key for shard in plan for key in shard]  # each tensor fetched once, in order
+    for key, array in open_tensors(tmp_path).items():
+        np.testing.assert_array_equal(array, ARRAYS[key])
     text = (tmp_path / "model.safetensors.index.json").read_text()
     index = json.loads(text)
     assert index["metadata"] == {"total_size": sum(a.nbytes for a in ARRAYS.values())}
@@ -300,6 +305,7 @@ def test_write_safetensors_errors(tmp_path):
     fresh.mkdir()
     with pytest.raises(ValueError, match=r"get\('embed\.weight'\) returned shape \(15,\) dtype bfloat16"):
         write_safetensors(fresh, SPECS, lambda k: ARRAYS[k].reshape(-1), max_shard_size=10**6)
+    assert not any(fresh.iterdir())  # the failed shard was removed
     write_safetensors(tmp_path, SPECS, ARRAYS.__getitem__, max_shard_size=10**6)
     with pytest.raises(FileExistsError, match=r"already holds \['model\.safetensors'\]"):
         write_safetensors(tmp_path, SPECS, ARRAYS.__getitem__, max_shard_size=10**6)

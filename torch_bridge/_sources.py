@@ -33,7 +33,7 @@ WEIGHT_LAYOUTS = (
 _LAYOUT_FILES = tuple(layout.split()[0] for layout in WEIGHT_LAYOUTS)
 FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
-_ST_DTYPES = {
+SAFETENSORS_DTYPES = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
     "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16,
     "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64, "C64": np.complex64,
@@ -86,9 +86,9 @@ def _safetensors_rows(path: Path) -> list[tuple[str, tuple[int, ...], np.dtype, 
                 raise TypeError
         except (TypeError, KeyError, ValueError):
             raise _corrupt(path, f"the header entry of tensor {key!r} is malformed: {info!r}") from None
-        if dtype not in _ST_DTYPES:
+        if dtype not in SAFETENSORS_DTYPES:
             raise ValueError(f"{path}: tensor {key!r} has dtype {dtype}, which numpy cannot hold")
-        np_dtype = np.dtype(_ST_DTYPES[dtype])
+        np_dtype = np.dtype(SAFETENSORS_DTYPES[dtype])
         if end - begin != math.prod(shape) * np_dtype.itemsize:
             raise _corrupt(path, f"tensor {key!r} spans bytes {begin}..{end}, not {shape} of {dtype}")
         if end > data_size:

@@ -12,14 +12,15 @@ import math
 import os
 import secrets
 import shutil
+import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-import safetensors.numpy
 
 from jaxckpt._sizes import parse_size
 from torch_bridge._dlpack import numpy_to_tensor
+from torch_bridge._sources import SAFETENSORS_DTYPES
 from torch_bridge._torch import torch
 
 SINGLE_FILE = "model.safetensors"
@@ -87,6 +88,38 @@ def _fetch(get: Callable[[str], np.ndarray], key: str, shape: tuple[int, ...], d
     return np.require(array, requirements="C")  # safetensors writes raw memory: C order only
 
 
+_SAFETENSORS_NAMES = {np.dtype(t): name for name, t in SAFETENSORS_DTYPES.items()}
+
+
+def _write_shard(path: Path, entries, get: Callable[[str], np.ndarray], metadata: dict[str, str]) -> None:
+    """Writes one safetensors file, streaming: the header is computed from ``entries``
+    ``(name, shape, dtype)`` alone, then each tensor is fetched, written and dropped, so
+    only one tensor is in memory at a time (``safetensors.numpy.save_file`` needs them all).
+
+    The layout is the format's: an 8-byte little-endian header length, the JSON header
+    (padded with spaces to a multiple of 8), then the tensors' bytes back to back.
+    """
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for key, shape, dtype in entries:
+        if np.dtype(dtype) not in _SAFETENSORS_NAMES:
+            raise ValueError(f"tensor {key!r} has dtype {np.dtype(dtype)}, which safetensors cannot store")
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        header[key] = {"dtype": _SAFETENSORS_NAMES[np.dtype(dtype)], "shape": list(shape)}
+        header[key]["data_offsets"] = [offset, offset + nbytes]
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    try:
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text)
+            for key, shape, dtype in entries:
+                f.write(_fetch(get, key, shape, dtype).reshape(-1).view(np.uint8).data)
+    except BaseException:
+        path.unlink(missing_ok=True)  # never leave a shard whose header promises missing data
+        raise
+
+
 def write_safetensors(
     directory: Path,
     specs: Sequence[tuple[str, tuple[int, ...], np.dtype]],
@@ -95,11 +128,11 @@ def write_safetensors(
     max_shard_size: int,
     metadata: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Write tensors in the Hugging Face safetensors layout, one shard in memory at a time.
+    """Write tensors in the Hugging Face safetensors layout, one tensor in memory at a time.
 
     The shards are planned from ``specs`` alone (greedy in order; a tensor larger than
-    ``max_shard_size`` gets a shard of its own), then each is filled by calling ``get``
-    for its tensors only, written, and dropped before the next.
+    ``max_shard_size`` gets a shard of its own), then each file is streamed: ``get`` is
+    called for one tensor, its bytes written, and the array dropped before the next.
 
     Args:
         directory: an existing directory with no ``model*.safetensors*`` files in it.
@@ -132,10 +165,9 @@ def write_safetensors(
     shards = _plan_shards(sizes, max_shard_size)
     names, weight_map = _shard_names(len(shards)), {}
     for name, shard in zip(names, shards, strict=True):
-        tensors = {specs[i][0]: _fetch(get, *specs[i]) for i in shard}
-        safetensors.numpy.save_file(tensors, str(directory / name), metadata={**metadata, "format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-        del tensors
+        entries = [specs[i] for i in shard]
+        _write_shard(directory / name, entries, get, {**metadata, "format": "pt"})
+        weight_map.update({key: name for key, _, _ in entries})
     if len(names) > 1:
         index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"  # as transformers writes it
