@@ -6,11 +6,10 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import jax
 import numpy as np
 from flax import nnx
 
-from jaxckpt.nn import Block, Transformer, TransformerConfig
+from jaxckpt.nn import Block, Transformer, TransformerConfig, from_params
 from torch_bridge._archs import Architecture, architecture, architecture_of, seed_block_config
 from torch_bridge._convert import (
     ConversionReport,
@@ -20,7 +19,6 @@ from torch_bridge._convert import (
     flatten,
     model_class,
     target_shapes,
-    unflatten,
 )
 from torch_bridge._hf_config import READERS
 from torch_bridge._sources import find_config, open_tensors
@@ -98,15 +96,9 @@ class Converted:
 
 
 def build_model(arch: Architecture, config: TransformerConfig, params: dict) -> "Transformer | Block":
-    """An ``nn.Transformer`` (or the seed's ``nn.Block``) holding ``params``; no random
-    initialisation happens and each numpy buffer is released as it moves into JAX."""
-    cls = model_class(arch)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
-    flat = flatten(params)
-    for path in list(flat):
-        flat[path] = jax.device_put(flat.pop(path))
-    nnx.replace_by_pure_dict(state, unflatten(flat))
-    return nnx.merge(graphdef, state)
+    """An ``nn.Transformer`` (or the seed's ``nn.Block``) holding ``params``, without a
+    random initialisation; the aligned numpy buffers move into JAX without a copy."""
+    return from_params(model_class(arch), config, params)
 
 
 def read_checkpoint(

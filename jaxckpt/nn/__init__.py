@@ -12,6 +12,7 @@ Example:
 
 from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._block import Block
+from jaxckpt.nn._build import from_params
 from jaxckpt.nn._config import PRESETS, TransformerConfig
 from jaxckpt.nn._layers import Embedding, LayerNorm, RMSNorm
 from jaxckpt.nn._mlp import MLP
@@ -29,6 +30,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "apply_rope",
+    "from_params",
     "rope_tables",
     "run_blocks",
 ]

@@ -4,11 +4,10 @@ or converted by ``jaxckpt convert``), or a Hugging Face directory through torch_
 import os
 from pathlib import Path
 
-import jax
 from flax import nnx
 
 from jaxckpt._plugins import MODEL_SOURCES, plugin
-from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.nn import Transformer, TransformerConfig, from_params
 from jaxckpt.train._checkpoint import META, read_meta, restore_checkpoint
 from jaxckpt.train._step import Trainer
 
@@ -106,6 +105,4 @@ def initial_model(
         trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
         _, state = restore_checkpoint(path, trainer.state)
         return nnx.merge(trainer.graphdef, state)[0]
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
-    nnx.replace_by_pure_dict(state, jax.tree.map(jax.device_put, params))
-    return nnx.merge(graphdef, state)
+    return from_params(Transformer, config, params)
