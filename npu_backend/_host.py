@@ -134,6 +134,32 @@ def _scatter(packed, index, batch: int, length: int, fill: float = 0.0):
     return full.reshape(batch, length, *packed.shape[1:])
 
 
+def _blocks(cu: list[int]):
+    """``(start, stop)`` rows of each TND sequence."""
+    return zip([0, *cu[:-1]], cu, strict=True)
+
+
+def ntd_to_rows(stat, cu: list[int]) -> "torch.Tensor":
+    """``[P, N]`` per packed row from a TND ``softmax_max``/``softmax_sum``.
+
+    Its shape is ``[P, N, 8]`` but by default (the op's "NTD" softmax layout) its memory
+    holds one ``[N, Sq_i, 8]`` block per sequence, at row offset ``start_i``.
+    """
+    flat, heads = stat.reshape(-1), stat.shape[1]
+    width = stat.shape[-1]
+    parts = [
+        flat[a * heads * width : b * heads * width].reshape(heads, b - a, width)[..., 0].T
+        for a, b in _blocks(cu)
+    ]
+    return torch().cat(parts)
+
+
+def rows_to_ntd(rows, cu: list[int]) -> "torch.Tensor":
+    """The inverse of ``ntd_to_rows``: ``[P, N]`` -> ``[P, N, 8]`` in NTD blocks."""
+    parts = [_widen(rows[a:b].T).reshape(-1) for a, b in _blocks(cu)]
+    return torch().cat(parts).reshape(rows.shape[0], rows.shape[1], STAT_WIDTH)
+
+
 def _forward_tnd(plan: CallPlan, ops: FusionOps, q, k, v, extras: dict):
     th, dev, batch = torch(), ops.device, q.shape[0]
     pk = _packed(plan, extras, batch)
@@ -151,7 +177,7 @@ def _forward_tnd(plan: CallPlan, ops: FusionOps, q, k, v, extras: dict):
         **_tnd_kwargs(plan, pk, dev),
     )
     out = _scatter(res[0], pk.q_index, batch, plan.t)
-    smax, ssum = (r[..., 0].float() for r in res[1:3])  # [P, N]
+    smax, ssum = (ntd_to_rows(r.float().cpu(), pk.cu_q) for r in res[1:3])  # [P, N]
     lse = _scatter(smax + ssum.log(), pk.q_index, batch, plan.t, -math.inf).permute(0, 2, 1)
     smax = _scatter(smax, pk.q_index, batch, plan.t).permute(0, 2, 1)
     ssum = _scatter(ssum, pk.q_index, batch, plan.t, 1.0).permute(0, 2, 1)
@@ -163,8 +189,8 @@ def _backward_tnd(plan: CallPlan, ops: FusionOps, q, k, v, out, dout, smax, ssum
     pk = _packed(plan, extras, batch)
     if pk.q_index.numel() == 0:
         return torch().zeros_like(q), torch().zeros_like(k), torch().zeros_like(v)
-    stats = (_gather(s.permute(0, 2, 1), pk.q_index, dev) for s in (smax, ssum))  # [P, N]
-    smax_p, ssum_p = (_widen(s) for s in stats)
+    stats = (_gather(s.permute(0, 2, 1), pk.q_index, "cpu") for s in (smax, ssum))  # [P, N]
+    smax_p, ssum_p = (rows_to_ntd(s, pk.cu_q).to(dev) for s in stats)
     res = ops.backward(
         _gather(q, pk.q_index, dev),
         _gather(k, pk.kv_index, dev),

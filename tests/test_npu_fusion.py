@@ -1,0 +1,158 @@
+"""The NPU route (JAX -> call_torch -> npu_fusion_attention(_grad) -> custom_vjp) against
+``jaxckpt.attention_reference``: outputs, log-sum-exps and gradients.
+
+On this CPU the op contract's plain-torch reference (``npu_backend.reference``) stands in
+for torch_npu (``implementation="npu_reference"``). The same cases run against the real
+kernels (``implementation="npu"``), marked ``npu``, wherever torch_npu sees an NPU.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attention_cases import Case, build, evaluate, seen_rows  # noqa: E402
+from tolerances import assert_close  # noqa: E402
+
+import jaxckpt  # noqa: E402
+import npu_backend  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+IMPLS = ["npu_reference", pytest.param("npu", marks=pytest.mark.npu)]
+FEATURES = ("bias", "mask", "causal", "lengths", "window", "segments")
+SHAPES = (dict(b=2, t=9, s=13, n=6, k=3, h=8), dict(b=3, t=11, s=7, n=6, k=2, h=16))
+SQUARE = dict(b=2, t=11, s=11, n=3, k=1, h=8)
+
+
+def _cases() -> list[Case]:
+    cases = [Case(**shape, features=(), block=None, seed=i) for i, shape in enumerate(SHAPES)]
+    for i, feature in enumerate(FEATURES):
+        for variant, shape in enumerate(SHAPES):
+            cases.append(Case(**shape, features=(feature,), block=None, variant=variant + i, seed=10 + i))
+    for i, pair in enumerate(itertools.combinations(FEATURES, 2)):
+        same_starts = set(pair) == {"causal", "segments"}  # TND: one array of ids (T == S, even variant)
+        shape, variant = (SQUARE, 2 * i) if same_starts else (SHAPES[i % 2], i)
+        cases.append(Case(**shape, features=pair, block=None, variant=variant, seed=100 + i))
+    bf16 = dict(SQUARE, dtype="bfloat16")
+    cases += [
+        Case(**bf16, features=f, block=None, seed=200 + i) for i, f in enumerate([("causal",), FEATURES])
+    ]
+    return cases
+
+
+CASES = _cases()
+
+
+def _check(impl: str, case: Case) -> None:
+    inp = build(case)
+    got = evaluate(jaxckpt.flash_attention, inp, implementation=impl)
+    want = evaluate(jaxckpt.attention_reference, inp)
+    assert got.out.dtype == np.dtype(case.dtype)
+    assert_close(got.out, want.out, case.dtype, "fwd", "out")
+    assert_close(got.lse, want.lse, case.dtype, "fwd", "lse")
+    for name, grad in want.grads.items():
+        assert got.grads[name].dtype == grad.dtype, name
+        assert_close(got.grads[name], grad, case.dtype, "grad", name)
+    empty = ~seen_rows(inp)
+    assert not np.any(got.out[empty]) and not np.any(got.grads["dq"][empty])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_the_reference(impl, case):
+    _check(impl, case)
+
+
+def _dropout(impl: str, rng, rate=0.3, x=None):
+    inp = build(Case(**SQUARE, block=None, seed=5))
+    q = inp.q if x is None else x
+
+    def loss(q, k, v):
+        out = jaxckpt.flash_attention(q, k, v, dropout_rate=rate, dropout_rng=rng, implementation=impl)
+        return jnp.sum(out * inp.w)
+
+    return inp, loss(q, inp.k, inp.v), jax.grad(loss, argnums=(0, 1, 2))(q, inp.k, inp.v), loss
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dropout_is_seeded_and_its_gradient_is_consistent(impl):
+    """The kernel's own dropout mask (not jaxckpt's): a function of dropout_rng, the same
+    in the forward and the backward, so the gradient is the derivative of the forward."""
+    inp, first, grads, loss = _dropout(impl, jax.random.key(1))
+    _, again, _, _ = _dropout(impl, jax.random.key(1))
+    _, other, _, _ = _dropout(impl, jax.random.key(2))
+    _, undropped, _, _ = _dropout(impl, jax.random.key(1), rate=0.0)
+    assert float(first) == float(again) and float(first) != float(other) != float(undropped)
+    direction = [jax.random.normal(jax.random.key(i), x.shape) for i, x in enumerate((inp.q, inp.k, inp.v))]
+    eps = 1e-3
+    plus = loss(*(x + eps * d for x, d in zip((inp.q, inp.k, inp.v), direction, strict=True)))
+    minus = loss(*(x - eps * d for x, d in zip((inp.q, inp.k, inp.v), direction, strict=True)))
+    numeric = (float(plus) - float(minus)) / (2 * eps)
+    analytic = sum(float(jnp.vdot(g, d)) for g, d in zip(grads, direction, strict=True))
+    assert numeric == pytest.approx(analytic, rel=2e-2, abs=2e-2)
+
+
+def test_unsupported_arguments_raise_not_implemented():
+    q = jnp.ones((1, 5, 2, 8))
+    with pytest.raises(NotImplementedError, match="softcap"):
+        jaxckpt.flash_attention(q, q, q, logits_soft_cap=5.0, implementation="npu_reference")
+    with pytest.raises(NotImplementedError, match="logits_soft_cap"):
+        npu_backend.fusion_attention(q, q, q, logits_soft_cap=5.0, ops=npu_backend.reference_ops())
+    split = jnp.array([[0, 0, 1, 1, 0]])  # segment 0 in two runs: not TND
+    with pytest.raises(Exception, match=r"NotImplementedError.*segment 0 of batch row 0 is split"):
+        jax.block_until_ready(
+            npu_backend.fusion_attention(q, q, q, segment_ids=split, ops=npu_backend.reference_ops())
+        )
+
+
+@pytest.mark.skipif(npu_backend.is_available(), reason="torch_npu is usable here")
+def test_npu_without_torch_npu_is_a_clear_error_not_a_fallback():
+    q = jnp.ones((1, 5, 2, 8))
+    with pytest.raises(ValueError, match=r"npu.*unavailable.*torch_npu"):
+        jaxckpt.flash_attention(q, q, q, implementation="npu")
+    with pytest.raises(RuntimeError, match="Ascend NPU backend is unavailable"):
+        npu_backend.fusion_attention(q, q, q)
+    assert "npu" not in jaxckpt.attention.available_implementations()
+
+
+def test_a_model_runs_on_the_npu_route():
+    from flax import nnx
+
+    cfg = jaxckpt.nn.TransformerConfig.preset(
+        "tiny", n_layers=1, d_model=24, n_heads=3, n_kv_heads=1, ffn_dim=40
+    )
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 9)), jnp.int32)
+    logits = {}
+    for impl in ("npu_reference", "reference"):
+        model = jaxckpt.nn.Transformer(cfg.replace(attention=impl), rngs=nnx.Rngs(0))
+        logits[impl] = np.asarray(model(tokens))
+    np.testing.assert_allclose(logits["npu_reference"], logits["reference"], atol=2e-5)
+
+
+def test_availability_survives_a_broken_torch_npu(monkeypatch):
+    """Without CANN, `import torch_npu` raises OSError on libhccl.so: reported, not raised."""
+    from npu_backend import _availability
+
+    real_import = _availability.importlib.import_module
+
+    def broken(name, *args):
+        if name == "torch_npu":
+            raise OSError("libhccl.so: cannot open shared object file: No such file or directory")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(_availability.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(_availability.importlib, "import_module", broken)
+    _availability._probe.cache_clear()
+    try:
+        assert npu_backend.is_available() is False
+        info = npu_backend.info()
+        assert info["available"] is False and "libhccl.so" in info["reason"]
+        assert info["reason"].startswith("import torch_npu failed: OSError")
+        assert npu_backend.device_count() == 0
+    finally:
+        _availability._probe.cache_clear()  # probed afresh once monkeypatch restores the imports
