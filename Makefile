@@ -27,6 +27,14 @@ lint: setup
 test: lint
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt torch_bridge
 
+# The XLA FFI attention library of npu_backend (npu_backend/ffi/build/). Rebuilds only when
+# its sources change; with no C++ compiler it says so and exits 0 (the FFI tests then skip).
+.PHONY: ffi
+ffi: setup
+	$(PY) npu_backend/ffi/build.py
+
+test: ffi
+
 bench: setup
 	$(PY) benchmarks/bench_attention.py
 	$(VENV)/bin/jaxckpt compare --config small --batch 4 --seq 1024 --steps 3
