@@ -2,13 +2,16 @@
 
 ``jaxckpt`` never imports ``torch_bridge`` (a higher layer). That package declares, in
 ``pyproject.toml``, the ``jaxckpt convert`` subcommand (group ``jaxckpt.cli``) and the
-reader of Hugging Face directories for ``--init-from`` (group ``jaxckpt.model_sources``).
+reader of Hugging Face directories for ``--init-from`` (group ``jaxckpt.model_sources``);
+``npu_backend`` registers its attention implementations when the ``jaxckpt`` command
+loads group ``jaxckpt.attention``.
 """
 
 import importlib.metadata
 
 CLI = "jaxckpt.cli"
 MODEL_SOURCES = "jaxckpt.model_sources"
+ATTENTION = "jaxckpt.attention"
 
 
 def plugins(group: str) -> dict[str, importlib.metadata.EntryPoint]:
@@ -34,3 +37,18 @@ def plugin(group: str, name: str):
             'reinstall jaxckpt with pip install -e ".[torch]"'
         )
     return found[name].load()
+
+
+def load_attention_plugins() -> dict[str, str]:
+    """Imports every ``jaxckpt.attention`` plugin (each registers implementations).
+
+    Returns:
+        ``{name: why it failed}`` for the plugins that could not be imported.
+    """
+    failed = {}
+    for name, entry in plugins(ATTENTION).items():
+        try:
+            entry.load()
+        except (ImportError, OSError, RuntimeError) as err:
+            failed[name] = f"{type(err).__name__}: {err}"
+    return failed

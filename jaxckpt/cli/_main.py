@@ -7,7 +7,7 @@ import sys
 import jax
 
 import jaxckpt
-from jaxckpt._plugins import CLI, plugins
+from jaxckpt._plugins import CLI, load_attention_plugins, plugins
 from jaxckpt.attention import available_implementations, implementations
 from jaxckpt.cli import _compare, _plan, _train
 
@@ -30,7 +30,7 @@ def _info(args: argparse.Namespace) -> int:
         if isinstance(value, dict):
             print(f"{key}:")
             for name, state in value.items():
-                print(f"  {name:<10} {state}")
+                print(f"  {name:<14} {state}")
         else:
             print(f"{key}: {value}")
     print(f"usable here: {', '.join(available_implementations())}")
@@ -39,6 +39,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``jaxckpt`` (one sub-parser per subcommand)."""
+    load_attention_plugins()  # e.g. npu_backend's "npu": listed by `info`, usable by --attention
     parser = argparse.ArgumentParser(prog="jaxckpt", description=jaxckpt.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"jaxckpt {jaxckpt.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
