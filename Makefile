@@ -25,7 +25,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 test: lint
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt torch_bridge
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt torch_bridge npu_backend
 
 # The XLA FFI attention library of npu_backend (npu_backend/ffi/build/). Rebuilds only when
 # its sources change; with no C++ compiler it says so and exits 0 (the FFI tests then skip).

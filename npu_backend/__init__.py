@@ -7,6 +7,9 @@ Importing it registers two ``jaxckpt.flash_attention`` implementations:
 - ``"npu_reference"``: the same route with ``npu_backend.reference``, a plain-torch
   model of the ops' documented contract, on the CPU. It is how the route is tested
   without an NPU.
+- ``"npu_ffi"``: the second route, an XLA FFI custom call (``npu_backend/ffi``) with
+  its C++ CPU kernel (causal and window only). On Ascend it would need a JAX PJRT
+  backend for the NPU, which does not exist publicly.
 
 ``is_available()`` and ``info()`` are safe to call on any machine.
 
@@ -21,7 +24,9 @@ Example:
 import importlib.util
 
 from jaxckpt.attention import FEATURES, register_implementation
+from npu_backend import _ffi
 from npu_backend._availability import device_count, info, is_available, unavailable
+from npu_backend._ffi import ffi_attention, ffi_attention_normalized
 from npu_backend._fusion import UNSUPPORTED, fusion_attention, npu_attention
 from npu_backend._ops import FusionOps, reference_ops, torch_npu_ops
 
@@ -31,6 +36,15 @@ SUPPORTS = FEATURES - UNSUPPORTED
 
 def _torch_missing() -> str | None:
     return None if importlib.util.find_spec("torch") else "PyTorch is not installed"
+
+
+def _ffi_missing() -> str | None:
+    """Cheap (never compiles): the library is built, or a compiler can build it."""
+    from npu_backend.ffi.build import find_compiler
+
+    if _ffi.library_path().exists() or find_compiler() is not None:
+        return None
+    return "the FFI library is not built and no C++ compiler (g++) is found; run make ffi"
 
 
 register_implementation(
@@ -46,10 +60,15 @@ register_implementation(
     unavailable=_torch_missing,
 )
 
+register_implementation(
+    "npu_ffi", ffi_attention_normalized, supports=_ffi.SUPPORTED_FEATURES, unavailable=_ffi_missing
+)
+
 __all__ = [
     "SUPPORTS",
     "FusionOps",
     "device_count",
+    "ffi_attention",
     "fusion_attention",
     "info",
     "is_available",
