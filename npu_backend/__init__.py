@@ -52,12 +52,14 @@ register_implementation(
     lambda p, block_sizes: npu_attention(p, torch_npu_ops()),
     supports=SUPPORTS,
     unavailable=unavailable,
+    shares_dropout_mask=False,
 )
 register_implementation(
     "npu_reference",
     lambda p, block_sizes: npu_attention(p, reference_ops()),
     supports=SUPPORTS,
     unavailable=_torch_missing,
+    shares_dropout_mask=False,
 )
 
 register_implementation(

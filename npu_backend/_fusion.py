@@ -142,10 +142,12 @@ def fusion_attention(
             an NPU.
 
     Raises:
-        NotImplementedError: ``logits_soft_cap``; segment ids that cannot become the
-            TND layout (a segment split into several runs; with ``is_causal``, query and
-            key runs that start apart), reported when the call runs. (With a bias, a
-            mask or a window the segments join the full mask instead, in BSND.)
+        NotImplementedError: ``logits_soft_cap`` (the kernel has no soft cap).
+
+    Lengths and segment ids go through the TND layout. Segment ids it cannot express
+    (a segment split into several runs; with ``is_causal``, query and key runs that
+    start apart) and any lengths or segments combined with a bias, a mask or a window
+    join the full ``atten_mask`` instead (BSND, O(T * S) mask memory).
         RuntimeError: ``ops=None`` where torch_npu cannot run (the reason is given).
 
     Example:

@@ -19,7 +19,7 @@ from npu_backend._translate import (
     reduce_to,
     split_int64,
 )
-from npu_backend._varlen import Packing, packing
+from npu_backend._varlen import NotTND, Packing, packing
 from torch_bridge._torch import torch
 
 STAT_WIDTH = 8
@@ -61,12 +61,24 @@ def _zero_rows(x: "torch.Tensor", empty) -> "torch.Tensor":
     return x if empty is None else x.masked_fill(empty.permute(0, 2, 1)[..., None].to(x.device), 0)
 
 
+def _tnd(plan: CallPlan, extras: dict, batch: int) -> Packing | None:
+    """The call's TND packing; None for BSND, including segment ids TND cannot express
+    (those then join the full ``atten_mask``, at O(T * S) mask memory)."""
+    if not plan.varlen:
+        return None
+    try:
+        return _packed(plan, extras, batch)
+    except NotTND:
+        return None
+
+
 def forward(plan: CallPlan, ops: FusionOps, q, k, v, extras: dict):
     """``(out [B,T,N,H], lse [B,N,T], softmax_max [B,N,T], softmax_sum [B,N,T], rng int32[6])``."""
     if "seed" in extras:
         ops.manual_seed(int(extras["seed"]))
-    if plan.varlen:
-        return _forward_tnd(plan, ops, q, k, v, extras)
+    pk = _tnd(plan, extras, q.shape[0])
+    if pk is not None:
+        return _forward_tnd(plan, ops, q, k, v, pk)
     dev, batch = ops.device, q.shape[0]
     kwargs, empty = _bsnd_kwargs(plan, extras, batch, dev)
     res = ops.forward(
@@ -82,8 +94,9 @@ def forward(plan: CallPlan, ops: FusionOps, q, k, v, extras: dict):
 
 def backward(plan: CallPlan, ops: FusionOps, q, k, v, out, dout, smax, ssum, rng, extras: dict):
     """``(dq, dk, dv)``, plus ``dbias`` (shaped like the bias) when the call has one."""
-    if plan.varlen:
-        return _backward_tnd(plan, ops, q, k, v, out, dout, smax, ssum, rng, extras)
+    pk = _tnd(plan, extras, q.shape[0])
+    if pk is not None:
+        return _backward_tnd(plan, ops, pk, q, k, v, out, dout, smax, ssum, rng)
     dev, batch = ops.device, q.shape[0]
     kwargs, empty = _bsnd_kwargs(plan, extras, batch, dev)
     dout = _zero_rows(dout, empty)
@@ -160,9 +173,8 @@ def rows_to_ntd(rows, cu: list[int]) -> "torch.Tensor":
     return torch().cat(parts).reshape(rows.shape[0], rows.shape[1], STAT_WIDTH)
 
 
-def _forward_tnd(plan: CallPlan, ops: FusionOps, q, k, v, extras: dict):
+def _forward_tnd(plan: CallPlan, ops: FusionOps, q, k, v, pk: Packing):
     th, dev, batch = torch(), ops.device, q.shape[0]
-    pk = _packed(plan, extras, batch)
     zeros = th.zeros(batch, plan.heads, plan.t)
     if pk.q_index.numel() == 0:  # no query sees a key
         return th.zeros_like(q), zeros - math.inf, zeros, zeros + 1, _rng_words(0, 0, 0)
@@ -184,9 +196,8 @@ def _forward_tnd(plan: CallPlan, ops: FusionOps, q, k, v, extras: dict):
     return out, lse.contiguous(), smax.contiguous(), ssum.contiguous(), _rng_words(*res[4:7])
 
 
-def _backward_tnd(plan: CallPlan, ops: FusionOps, q, k, v, out, dout, smax, ssum, rng, extras: dict):
+def _backward_tnd(plan: CallPlan, ops: FusionOps, pk: Packing, q, k, v, out, dout, smax, ssum, rng):
     dev, batch = ops.device, q.shape[0]
-    pk = _packed(plan, extras, batch)
     if pk.q_index.numel() == 0:
         return torch().zeros_like(q), torch().zeros_like(k), torch().zeros_like(v)
     stats = (_gather(s.permute(0, 2, 1), pk.q_index, "cpu") for s in (smax, ssum))  # [P, N]

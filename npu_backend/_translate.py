@@ -10,7 +10,8 @@
 | ``local_window_size=(left, right)``  | ``pre_tockens=left``, ``next_tockens=right`` + the band mask |
 | ``query/key_value_seq_lengths``      | ``input_layout="TND"``, cumulative ``actual_seq_qlen/kvlen`` |
 | ``segment_ids`` (contiguous runs)    | one TND sequence per segment                                 |
-| lengths/segments + bias/mask/window  | folded into the full ``atten_mask`` (BSND, ``sparse_mode=0``)|
+| lengths/segments + bias/mask/window, | folded into the full ``atten_mask`` (BSND, ``sparse_mode=0``)|
+| or segments TND cannot express       |                                                              |
 | ``dropout_rate``                     | ``keep_prob = 1 - dropout_rate``; seed from ``dropout_rng``  |
 | ``logits_soft_cap``                  | not supported: ``NotImplementedError``                       |
 

@@ -13,6 +13,10 @@ from npu_backend._translate import CallPlan
 from torch_bridge._torch import torch
 
 
+class NotTND(NotImplementedError):
+    """Segment ids the TND layout cannot express; the call then uses the full mask."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Packing:
     """Where the TND tokens come from in the padded ``[B * T]`` / ``[B * S]`` rows.
@@ -42,7 +46,7 @@ def _one_run_per_id(runs: list[tuple[int, int, int]], side: str, b: int) -> dict
     found: dict[int, tuple[int, int]] = {}
     for sid, start, stop in runs:
         if sid in found:
-            raise NotImplementedError(
+            raise NotTND(
                 f"segment_ids: segment {sid} of batch row {b} is split into several runs on the {side} "
                 "side; the NPU's TND layout needs each segment contiguous"
             )
@@ -61,7 +65,7 @@ def _pairs(plan: CallPlan, b: int, tq: int, tk: int, q_seg, kv_seg) -> list[tupl
             continue  # its queries see no key: they stay 0
         ka, kc = kv_runs[sid]
         if plan.causal and ka != qa:
-            raise NotImplementedError(
+            raise NotTND(
                 f"segment_ids with is_causal: segment {sid} of batch row {b} starts at query {qa} but "
                 f"key {ka}; the TND layout's causal mask is relative to each sequence's start"
             )
@@ -73,8 +77,8 @@ def packing(plan: CallPlan, batch: int, q_len=None, kv_len=None, q_seg=None, kv_
     """The TND sequences of a padded batch (lengths clipped to ``[0, T]``/``[0, S]``).
 
     Raises:
-        NotImplementedError: segment ids that cannot become TND (a segment split into
-            several runs, or causal with query and key runs that start apart).
+        NotTND: segment ids that cannot become TND (a segment split into several runs,
+            or causal with query and key runs that start apart).
 
     Example:
         >>> import torch

@@ -103,11 +103,32 @@ def test_unsupported_arguments_raise_not_implemented():
         jaxckpt.flash_attention(q, q, q, logits_soft_cap=5.0, implementation="npu_reference")
     with pytest.raises(NotImplementedError, match="logits_soft_cap"):
         npu_backend.fusion_attention(q, q, q, logits_soft_cap=5.0, ops=npu_backend.reference_ops())
-    split = jnp.array([[0, 0, 1, 1, 0]])  # segment 0 in two runs: not TND
-    with pytest.raises(Exception, match=r"NotImplementedError.*segment 0 of batch row 0 is split"):
-        jax.block_until_ready(
-            npu_backend.fusion_attention(q, q, q, segment_ids=split, ops=npu_backend.reference_ops())
-        )
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_segments_that_cannot_become_tnd_take_the_full_mask(is_causal):
+    """Segment 0 split into two runs (and, causal, key runs that start apart)."""
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((2, 5, 2, 8)), jnp.float32)
+    kv = jnp.asarray(rng.standard_normal((2, 7, 1, 8)), jnp.float32)
+    ids = (
+        jnp.array([[0, 0, 1, 1, 0], [2, 2, 2, 3, 3]]),
+        jnp.array([[1, 0, 0, 1, 1, 0, 0], [3, 2, 2, 2, 2, 3, 3]]),
+    )
+
+    def grads(impl):
+        def loss(q, kv):
+            out = jaxckpt.flash_attention(
+                q, kv, kv, segment_ids=ids, is_causal=is_causal, implementation=impl
+            )
+            return jnp.sum(out * jnp.cos(out))
+
+        return jax.value_and_grad(loss, argnums=(0, 1))(q, kv)
+
+    (got, got_grads), (want, want_grads) = grads("npu_reference"), grads("reference")
+    assert float(got) == pytest.approx(float(want), abs=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)
 
 
 @pytest.mark.skipif(npu_backend.is_available(), reason="torch_npu is usable here")

@@ -28,12 +28,15 @@ class Implementation:
         fn: ``fn(inputs, block_sizes) -> (out, lse)`` on canonical inputs.
         supports: the subset of :data:`FEATURES` it handles.
         unavailable: returns None when it can run here, else the reason it cannot.
+        shares_dropout_mask: its dropout drops exactly ``dropout_mask(rng, ...)``; False
+            for a backend whose kernel draws its own mask (e.g. the NPU's generator).
     """
 
     name: str
     fn: Callable
     supports: frozenset = FEATURES
     unavailable: Callable[[], str | None] = _always
+    shares_dropout_mask: bool = True
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -45,6 +48,7 @@ def register_implementation(
     *,
     supports=FEATURES,
     unavailable: Callable[[], str | None] = _always,
+    shares_dropout_mask: bool = True,
 ) -> None:
     """Makes ``fn`` callable as ``flash_attention(..., implementation=name)``.
 
@@ -57,6 +61,9 @@ def register_implementation(
             using another raises ``NotImplementedError``.
         unavailable: a probe returning None when ``fn`` can run on this machine,
             else a sentence saying why not.
+        shares_dropout_mask: False when ``fn`` draws its own dropout mask (a kernel's
+            generator) instead of ``jaxckpt.attention.dropout_mask``: the same rate, a
+            different mask, so dropout results are not comparable across backends.
 
     Example:
         >>> from jaxckpt.attention import register_implementation, attention_reference
@@ -68,7 +75,7 @@ def register_implementation(
     unknown = set(supports) - FEATURES
     if unknown:
         raise ValueError(f"supports has unknown features {sorted(unknown)}; known: {sorted(FEATURES)}.")
-    _REGISTRY[name] = Implementation(name, fn, frozenset(supports), unavailable)
+    _REGISTRY[name] = Implementation(name, fn, frozenset(supports), unavailable, shares_dropout_mask)
 
 
 def implementations() -> dict[str, Implementation]:
