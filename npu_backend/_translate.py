@@ -20,6 +20,7 @@ with such a row (jaxckpt's contract); its ``dy`` is zeroed before the backward c
 """
 
 import dataclasses
+import functools
 
 from torch_bridge._torch import torch
 
@@ -60,10 +61,16 @@ class CallPlan:
         return (self.lengths or self.segments) and not (self.bias or self.mask or self.window)
 
 
-def compressed_causal_mask(device) -> "torch.Tensor":
-    """The 2048x2048 bool upper triangle sparse modes 2-4 expect (True = masked)."""
+@functools.lru_cache(maxsize=8)
+def _compressed_causal_mask(device: str) -> "torch.Tensor":
     th = torch()
     return th.triu(th.ones(COMPRESSED, COMPRESSED, dtype=th.bool, device=device), diagonal=1)
+
+
+def compressed_causal_mask(device) -> "torch.Tensor":
+    """The 2048x2048 bool upper triangle sparse modes 2-4 expect (True = masked), built
+    once per device (4 MiB; the ops only read it)."""
+    return _compressed_causal_mask(str(device))
 
 
 def _band(plan: CallPlan, device) -> "torch.Tensor":
