@@ -43,6 +43,11 @@ def add_parser(sub) -> None:
         help="take the model and its parameters from a jaxckpt checkpoint directory (trained, or "
         "written by 'jaxckpt convert') or a Hugging Face directory",
     )
+    p.add_argument(
+        "--mesh",
+        help="data parallel + FSDP over this process's devices, e.g. data=2,fsdp=4 "
+        "(parameters, gradients and optimizer state split over fsdp; the batch over both)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
     p.set_defaults(run=run)
 
@@ -75,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         init_from=args.init_from,
         progress=not args.json,
+        mesh=args.mesh,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -14,6 +14,7 @@ from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config
 from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._memory import MemoryReport, device_memory_stats, memory_report
+from jaxckpt.train._sharding import bytes_per_device, make_mesh, parse_mesh, state_shardings
 from jaxckpt.train._step import OptimizerConfig, Trainer, jit_train_step, loss_and_grads, next_token_loss
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "OptimizerConfig",
     "TrainRun",
     "Trainer",
+    "bytes_per_device",
     "compare",
     "decode",
     "default_corpus_path",
@@ -36,12 +38,15 @@ __all__ = [
     "latest_step",
     "load_tokens",
     "loss_and_grads",
+    "make_mesh",
     "memory_report",
     "next_token_loss",
     "offload_saves_memory",
+    "parse_mesh",
     "read_meta",
     "restore_checkpoint",
     "save_checkpoint",
     "source_config",
+    "state_shardings",
     "train",
 ]

@@ -16,6 +16,7 @@ from jaxckpt.train._data import ByteBatches, load_tokens
 from jaxckpt.train._init import initial_model
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._progress import memory_text, train_progress
+from jaxckpt.train._sharding import make_mesh
 from jaxckpt.train._step import OptimizerConfig, Trainer
 
 
@@ -90,6 +91,7 @@ def train(
     force: bool = False,
     init_from: str | os.PathLike | None = None,
     progress: bool = True,
+    mesh=None,
 ) -> TrainRun:
     """Trains a ``Transformer`` on byte-level text; the remat spec is ``config.remat``.
 
@@ -111,6 +113,8 @@ def train(
         init_from: take the parameters from a jaxckpt checkpoint directory (trained, or
             converted by ``jaxckpt convert``) or a Hugging Face directory (needs torch_bridge).
         progress: draw a progress bar.
+        mesh: data parallel + FSDP: a ``jax.sharding.Mesh``, or axis sizes such as
+            ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"`` over this process's devices.
 
     Returns:
         A ``TrainRun``.
@@ -137,7 +141,9 @@ def train(
 
         plan = plan_memory(config, batch, seq, config.budget, micro_batches=micro_batches)
         config = config.replace(remat=plan.spec)
-    trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer)
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        mesh = make_mesh(mesh)
+    trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(batches.batch_at(0).shape))
     _prepare_checkpoint_dir(directory, resume, force)

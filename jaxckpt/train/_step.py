@@ -10,6 +10,7 @@ from flax import nnx
 
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
+from jaxckpt.train._sharding import batch_sharding, replicated, state_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +116,22 @@ def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, s
     return nnx.state((model, optimizer)), loss
 
 
-def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec):
+def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh=None):
     """The jitted step ``(state, batch [M, B, T + 1]) -> (state, loss)`` with ``state``
-    donated; ``state`` is ``nnx.split((model, nnx.Optimizer))[1]``, real or abstract."""
-    return jax.jit(functools.partial(_train_step, graphdef, spec=spec), donate_argnums=0)
+    donated; ``state`` is ``nnx.split((model, nnx.Optimizer))[1]``, real or abstract.
+
+    With a ``mesh``, ``shardings`` (the state's, from ``state_shardings``) pin the
+    state in and out, and the batch is split over the mesh (data parallel + FSDP).
+    """
+    step = functools.partial(_train_step, graphdef, spec=spec)
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0)
+    return jax.jit(
+        step,
+        donate_argnums=0,
+        in_shardings=(shardings, batch_sharding(mesh)),
+        out_shardings=(shardings, replicated(mesh)),
+    )
 
 
 def check_batch(batch: jax.Array) -> None:
@@ -139,6 +152,9 @@ class Trainer:
         model: a ``jaxckpt.nn.Transformer`` (its parameters are moved into the trainer).
         optimizer: AdamW settings.
         remat: overrides ``model.config.remat``.
+        mesh: a ``jax.sharding.Mesh`` with axes ``data`` and ``fsdp`` (``make_mesh``):
+            parameters, gradients and optimizer state are split over ``fsdp``, batches
+            over both. None: one device.
 
     Example:
         >>> import jax.numpy as jnp
@@ -151,18 +167,24 @@ class Trainer:
         True
     """
 
-    def __init__(self, model: nnx.Module, *, optimizer: OptimizerConfig | None = None, remat=None):
+    def __init__(self, model: nnx.Module, *, optimizer: OptimizerConfig | None = None, remat=None, mesh=None):
         self.config = model.config
         self.spec = get_remat(model.config.remat if remat is None else remat)
         opt = nnx.Optimizer(model, (optimizer or OptimizerConfig()).transformation(), wrt=nnx.Param)
         self.graphdef, self.state = nnx.split((model, opt))
-        self._step = jit_train_step(self.graphdef, self.spec)
+        self.mesh, shardings = mesh, None
+        if mesh is not None:
+            shardings = state_shardings(self.state, mesh)
+            self.state = jax.device_put(self.state, shardings)
+        self._step = jit_train_step(self.graphdef, self.spec, shardings, mesh)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
     def step(self, batch: jax.Array) -> jax.Array:
         """Runs one step on ``batch [M, B, T + 1]`` and returns its mean loss (on device)."""
         check_batch(batch)
         batch = jnp.asarray(batch, jnp.int32)
+        if self.mesh is not None:
+            batch = jax.device_put(batch, batch_sharding(self.mesh))
         self.state, loss = self.compile(batch.shape)(self.state, batch)
         return loss
 
@@ -173,6 +195,11 @@ class Trainer:
         if batch_shape not in self._compiled:
             batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
             check_batch(batch)
+            if self.mesh is not None and batch_shape[1] % self.mesh.size:
+                raise ValueError(
+                    f"--batch {batch_shape[1]} must be a multiple of the mesh's {self.mesh.size} devices "
+                    f"({dict(self.mesh.shape)}): each device takes an equal share of the batch"
+                )
             self._compiled[batch_shape] = self._step.lower(self.state, batch).compile()
         return self._compiled[batch_shape]
 

@@ -1,0 +1,103 @@
+"""Data parallelism and FSDP (ZeRO-3 style) on a JAX mesh: which array lives where.
+
+Axis names: ``data`` (replicas of the state, the batch split across them) and
+``fsdp`` (parameters, gradients and optimizer state split across them, as is the
+batch). JAX's SPMD partitioner inserts the all-gathers and reduce-scatters; each leaf
+of the train state is split along its largest axis that the ``fsdp`` size divides,
+and replicated when none does (scalars, small vectors).
+"""
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXES = ("data", "fsdp")
+"""The mesh axes jaxckpt understands."""
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,fsdp=4"`` -> ``{"data": 2, "fsdp": 4}``.
+
+    Raises:
+        ValueError: for an unknown axis, a size that is not a positive integer, or a
+            repeated axis, naming it.
+
+    Example:
+        >>> parse_mesh("data=2,fsdp=4")
+        {'data': 2, 'fsdp': 4}
+    """
+    axes: dict[str, int] = {}
+    for part in str(text).split(","):
+        name, _, size = part.strip().partition("=")
+        if name not in AXES:
+            raise ValueError(f"--mesh: unknown axis {name!r} in {text!r}; axes are {', '.join(AXES)}")
+        if name in axes:
+            raise ValueError(f"--mesh: axis {name!r} given twice in {text!r}")
+        if not size.isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh: {name}={size!r} must be a positive integer (e.g. data=2,fsdp=4)")
+        axes[name] = int(size)
+    return axes
+
+
+def make_mesh(axes: "dict[str, int] | str") -> Mesh:
+    """A mesh over this process's devices with the given axis sizes (missing axes: 1).
+
+    Raises:
+        ValueError: when the sizes' product is not the number of devices.
+
+    Example:
+        >>> make_mesh({"data": 1}).shape
+        OrderedDict({'data': 1, 'fsdp': 1})
+    """
+    axes = parse_mesh(axes) if isinstance(axes, str) else dict(axes)
+    shape = tuple(axes.get(name, 1) for name in AXES)
+    devices = jax.devices()
+    if math.prod(shape) != len(devices):
+        raise ValueError(
+            f"--mesh {axes} needs {math.prod(shape)} devices; this process sees {len(devices)} "
+            "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N)"
+        )
+    auto = (jax.sharding.AxisType.Auto,) * len(AXES)  # XLA's SPMD partitioner places collectives
+    return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+
+
+def leaf_spec(shape: tuple[int, ...], mesh: Mesh, axis: str = "fsdp") -> PartitionSpec:
+    """The leaf split along its largest dimension that ``mesh.shape[axis]`` divides.
+
+    Example:
+        >>> mesh = make_mesh({"data": 1})
+        >>> leaf_spec((6, 4), mesh)
+        PartitionSpec('fsdp', None)
+    """
+    size = mesh.shape[axis]
+    candidates = [d for d in range(len(shape)) if shape[d] % size == 0 and shape[d] >= size]
+    if not candidates:
+        return PartitionSpec()
+    best = max(candidates, key=lambda d: (shape[d], -d))
+    return PartitionSpec(*(axis if d == best else None for d in range(len(shape))))
+
+
+def state_shardings(state, mesh: Mesh):
+    """A ``NamedSharding`` for every leaf of ``state`` (model + optimizer), FSDP-split."""
+    return jax.tree.map(lambda x: NamedSharding(mesh, leaf_spec(np.shape(x), mesh)), state)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Token batches ``[M, B, T + 1]``: B split over every mesh axis (data and fsdp)."""
+    return NamedSharding(mesh, PartitionSpec(None, AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """The same value on every device (the loss)."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def bytes_per_device(tree) -> dict[str, int]:
+    """Bytes of ``tree``'s arrays held by each device: ``{str(device): bytes}``."""
+    out: dict[str, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            out[str(shard.device)] = out.get(str(shard.device), 0) + shard.data.nbytes
+    return out

@@ -1,0 +1,52 @@
+"""Run as a script in a fresh process with 8 simulated CPU devices; prints JSON.
+
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before JAX starts,
+so ``tests/test_fsdp.py`` runs this file in a subprocess. For the tiny config it
+trains 3 steps on one device and on two meshes, and reports the losses, where the
+state's shards live (bytes per device, a parameter's partition spec), and one
+sharded step under every other remat preset.
+"""
+
+import json
+import os
+import sys
+
+
+def main() -> dict:
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxckpt import nn, remat, train
+
+    cfg = nn.TransformerConfig.preset("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=96)
+    batches = train.ByteBatches(train.load_tokens(None), 8, 16, seed=0)
+
+    def run(mesh, preset="full", steps=3):
+        trainer = train.Trainer(nn.Transformer(cfg, rngs=nnx.Rngs(0)), mesh=mesh, remat=preset)
+        return [float(trainer.step(batches.batch_at(i))) for i in range(steps)], trainer
+
+    single, trainer = run(None)
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(trainer.state))
+    out = {"devices": len(jax.devices()), "single": single, "total_bytes": total, "meshes": {}}
+    for axes in ("data=2,fsdp=4", "fsdp=8"):
+        losses, trainer = run(train.make_mesh(axes))
+        kernel = trainer.state[0]["blocks"]["mlp"]["up"]["kernel"].get_value()
+        out["meshes"][axes] = {
+            "losses": losses,
+            "bytes_per_device": sorted(set(train.bytes_per_device(trainer.state).values())),
+            "up_kernel_spec": str(kernel.sharding.spec),
+        }
+    mesh = train.make_mesh("data=2,fsdp=4")
+    skip = () if train.offload_saves_memory() else ("offload_qkv", "offload_minimal")
+    # Remat does not change the numbers: every preset's first loss is the single-device one.
+    out["presets"] = {p: run(mesh, p, steps=1)[0][0] for p in remat.PRESETS if p not in (*skip, "full")}
+    out["max_loss_difference"] = float(
+        max(np.abs(np.array(m["losses"]) - np.array(single)).max() for m in out["meshes"].values())
+    )
+    return out
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    json.dump(main(), sys.stdout)

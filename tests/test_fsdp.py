@@ -1,0 +1,66 @@
+"""Data parallel + FSDP on 8 simulated CPU devices (a subprocess: the device count is
+fixed when JAX starts), against the single-device run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxckpt import train
+
+SCRIPT = Path(__file__).with_name("fsdp_check.py")
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_sharded_losses_match_one_device(report):
+    assert report["devices"] == 8
+    assert report["max_loss_difference"] <= 1e-5, report["meshes"]
+
+
+@pytest.mark.slow
+def test_state_is_really_split(report):
+    total, meshes = report["total_bytes"], report["meshes"]
+    # The state leaves that no fsdp size divides (scalars, small vectors) stay whole.
+    assert max(meshes["fsdp=8"]["bytes_per_device"]) <= total / 8 * 1.02
+    assert max(meshes["data=2,fsdp=4"]["bytes_per_device"]) <= total / 4 * 1.02
+    assert "fsdp" in meshes["fsdp=8"]["up_kernel_spec"]
+
+
+@pytest.mark.slow
+def test_every_remat_preset_runs_sharded(report):
+    assert len(report["presets"]) >= 7
+    for preset, loss in report["presets"].items():
+        assert loss == pytest.approx(report["single"][0], abs=1e-5), preset
+
+
+def test_mesh_arguments_are_checked():
+    assert train.parse_mesh("fsdp=2") == {"fsdp": 2}
+    for bad, match in (
+        ("tensor=2", "unknown axis 'tensor'"),
+        ("data=0", "positive integer"),
+        ("data=2,data=2", "twice"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            train.parse_mesh(bad)
+    with pytest.raises(ValueError, match="needs 8 devices; this process sees 1"):
+        train.make_mesh("data=2,fsdp=4")
+
+
+def test_cli_mesh_larger_than_the_devices_is_a_clear_error(capsys):
+    from jaxckpt.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--mesh", "data=2", "--steps", "1", "--json"])
+    assert exit_info.value.code == 2
+    assert "needs 2 devices; this process sees 1" in capsys.readouterr().err
