@@ -41,8 +41,9 @@ def parse_mesh(text: str) -> dict[str, int]:
     return axes
 
 
-def make_mesh(axes: "dict[str, int] | str") -> Mesh:
-    """A mesh over this process's devices with the given axis sizes (missing axes: 1).
+def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
+    """A mesh over ``devices`` (default: all of this process's) with the given axis sizes
+    (missing axes: 1).
 
     Raises:
         ValueError: when the sizes' product is not the number of devices.
@@ -53,7 +54,7 @@ def make_mesh(axes: "dict[str, int] | str") -> Mesh:
     """
     axes = parse_mesh(axes) if isinstance(axes, str) else dict(axes)
     shape = tuple(axes.get(name, 1) for name in AXES)
-    devices = jax.devices()
+    devices = list(jax.devices() if devices is None else devices)
     if math.prod(shape) != len(devices):
         raise ValueError(
             f"--mesh {axes} needs {math.prod(shape)} devices; this process sees {len(devices)} "
