@@ -49,8 +49,8 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
         ValueError: when the sizes' product is not the number of devices.
 
     Example:
-        >>> make_mesh({"data": 1}).shape
-        OrderedDict({'data': 1, 'fsdp': 1})
+        >>> dict(make_mesh({"data": 1}).shape)
+        {'data': 1, 'fsdp': 1}
     """
     axes = parse_mesh(axes) if isinstance(axes, str) else dict(axes)
     shape = tuple(axes.get(name, 1) for name in AXES)
@@ -69,8 +69,8 @@ def leaf_spec(shape: tuple[int, ...], mesh: Mesh, axis: str = "fsdp") -> Partiti
 
     Example:
         >>> mesh = make_mesh({"data": 1})
-        >>> leaf_spec((6, 4), mesh)
-        PartitionSpec('fsdp', None)
+        >>> tuple(leaf_spec((6, 4), mesh))
+        ('fsdp', None)
     """
     size = mesh.shape[axis]
     candidates = [d for d in range(len(shape)) if shape[d] % size == 0 and shape[d] >= size]

@@ -183,9 +183,10 @@ class Trainer:
         """Runs one step on ``batch [M, B, T + 1]`` and returns its mean loss (on device)."""
         check_batch(batch)
         batch = jnp.asarray(batch, jnp.int32)
+        compiled = self.compile(batch.shape)  # checks the batch against the mesh first
         if self.mesh is not None:
             batch = jax.device_put(batch, batch_sharding(self.mesh))
-        self.state, loss = self.compile(batch.shape)(self.state, batch)
+        self.state, loss = compiled(self.state, batch)
         return loss
 
     def compile(self, batch_shape: tuple[int, int, int]) -> jax.stages.Compiled:
