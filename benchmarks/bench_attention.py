@@ -12,13 +12,13 @@ just after each case.
 """
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from _results import write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -155,10 +155,7 @@ def main(argv=None) -> None:
                 rows.append(bench_case(t, causal, jnp.dtype(args.dtype), args.min_seconds))
             console.print(f"done T={t} causal={causal}: ratio={rows[-1]['time_ratio']}")
     console.print(_table(rows))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"B": B, "N": N, "H": H, "rows": rows}, indent=2))
-    tmp.replace(args.out)
+    write_json(args.out, {"B": B, "N": N, "H": H, "rows": rows})
     console.print(f"wrote {args.out}")
 
 

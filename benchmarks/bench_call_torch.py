@@ -12,7 +12,6 @@ callback" column is the floor of any host round trip: the same number of
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,7 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _results import write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -157,10 +157,7 @@ def main(argv=None) -> None:
         "backend": jax.default_backend(),
     }
     console.print(_table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(args.out)
+    write_json(args.out, result)
     console.print(f"wrote {args.out}")
 
 

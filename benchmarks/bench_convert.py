@@ -49,6 +49,7 @@ from pathlib import Path
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 import numpy as np
+from _results import write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -421,10 +422,7 @@ def main(argv=None) -> None:
     console.print(conversion_table(result))
     console.print(verdict(result["conversion"]))
     console.print(call_torch_table(result["call_torch"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(args.out)
+    write_json(args.out, result)
     console.print(f"wrote {args.out}")
 
 

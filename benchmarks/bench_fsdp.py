@@ -11,7 +11,6 @@ analysis of the sharded step, per device, which is exact.
 """
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax
+from _results import write_json
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
@@ -86,10 +86,7 @@ def main(argv=None) -> None:
             rows.append(measure(config, d, 8, seq, args.steps))
     console.print(table(rows))
     console.print("Simulated devices share this CPU's cores: the step time is not a scaling measurement.")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": config.to_dict(), "batch": 8, "seq": seq, "rows": rows}, indent=2))
-    tmp.replace(args.out)
+    write_json(args.out, {"config": config.to_dict(), "batch": 8, "seq": seq, "rows": rows})
     console.print(f"wrote {args.out}")
 
 

@@ -28,7 +28,6 @@ XLA counts the offloaded bytes as device memory there, as ``jaxckpt compare`` no
 import argparse
 import dataclasses
 import itertools
-import json
 import os
 import platform
 import statistics
@@ -47,6 +46,7 @@ from jaxckpt.train import ByteBatches, Trainer, load_tokens, memory_report, offl
 from jaxckpt.train._compare import _Row, _run_round_robin
 
 matplotlib.use("Agg")
+import _results
 import matplotlib.pyplot as plt
 
 MIB = 2**20
@@ -547,10 +547,7 @@ def write_json(path: Path, case: Case, names: list[str], steps: int, load: dict,
         "step_seconds": r["seconds"],
         "goals": r["goals"],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str))
-    os.replace(tmp, path)
+    _results.write_json(path, payload, default=str)
 
 
 if __name__ == "__main__":

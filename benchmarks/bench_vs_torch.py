@@ -16,7 +16,6 @@ eager (no checkpoint). jaxckpt memory is XLA's compiled temp size; torch's is n/
 """
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _results import write_json
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
@@ -422,10 +422,7 @@ def main(argv=None) -> None:
         "goal": {"row": GOAL_ROW, "max_ratio": GOAL_RATIO, "ratio": ratio, "met": met},
         "rows": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, args.out)
+    write_json(args.out, payload)
     console.print(f"wrote {args.out}")
 
 
