@@ -203,11 +203,14 @@ def convert_state_dict(
     return unflatten(params), report
 
 
-def export_order(arch: "str | Architecture", config: TransformerConfig) -> list[tuple[str, Rule, int | None]]:
+def export_order(
+    arch: "str | Architecture", config: TransformerConfig, shapes: dict | None = None
+) -> list[tuple[str, Rule, int | None]]:
     """``(torch key, rule, layer)`` of every tensor ``export_state_dict`` writes, in Hugging
-    Face order: the embeddings, then layer by layer, then the final norm and head."""
+    Face order: the embeddings, then layer by layer, then the final norm and head.
+    ``shapes`` is ``target_shapes(arch, config)`` when the caller already has it."""
     arch = architecture(arch) if isinstance(arch, str) else arch
-    shapes = target_shapes(arch, config)
+    shapes = target_shapes(arch, config) if shapes is None else shapes
     plan = arch.table.bind({p: s.shape for p, s in shapes.items()}, config.n_layers)
     first_layered = next((i for i, r in enumerate(arch.table.rules) if r.per_layer), 0)
 

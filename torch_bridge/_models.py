@@ -204,7 +204,7 @@ def write_hf(
     arch = architecture(config.family)
     limit = parse_shard_size(max_shard_size)
     shapes = target_shapes(arch, config)
-    order = export_order(arch, config)
+    order = export_order(arch, config, shapes)  # the model is traced once, not twice
     specs = [
         (k, r.torch_shape({p: shapes[p].shape for p in r.jax}), shapes[r.jax[0]].dtype) for k, r, _ in order
     ]
