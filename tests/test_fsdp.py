@@ -64,3 +64,25 @@ def test_cli_mesh_larger_than_the_devices_is_a_clear_error(capsys):
         main(["train", "--mesh", "data=2", "--steps", "1", "--json"])
     assert exit_info.value.code == 2
     assert "needs 2 devices; this process sees 1" in capsys.readouterr().err
+
+
+def test_logical_axis_rules_place_every_parameter():
+    """Every parameter the modules create names its axes; the layer axis is never split."""
+    from flax import nnx
+
+    from jaxckpt import nn
+
+    cfg = nn.TransformerConfig.preset("gpt2", n_layers=3, d_model=16, n_heads=2, ffn_dim=24, vocab_size=11)
+    model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
+    mesh = train.make_mesh({"fsdp": 1})
+    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        names = nn.logical_axes(variable)
+        assert None not in names, path
+        assert len(names) == variable.get_value().ndim, path
+        spec = tuple(train.leaf_spec(variable.get_value().shape, mesh, names))
+        if names[0] == "layers":
+            assert spec[0] is None, path
+    # the stacked axis is the largest here, yet the split goes to the embedding axis
+    assert tuple(train.leaf_spec((64, 8), mesh, ("layers", "embed"))) == (None, "fsdp")
+    with pytest.raises(ValueError, match="logical names"):
+        train.leaf_spec((64, 8), mesh, ("embed",))

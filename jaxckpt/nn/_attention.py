@@ -32,10 +32,10 @@ class Attention(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         n, k, h, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         bias = cfg.attention_bias
-        self.q_proj = make_dense(cfg, d, n * h, bias=bias, rngs=rngs)
-        self.k_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs)
-        self.v_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs)
-        self.out_proj = make_dense(cfg, n * h, d, bias=bias, rngs=rngs)
+        self.q_proj = make_dense(cfg, d, n * h, bias=bias, rngs=rngs, axes=("embed", "heads"))
+        self.k_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"))
+        self.v_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"))
+        self.out_proj = make_dense(cfg, n * h, d, bias=bias, rngs=rngs, axes=("heads", "embed"))
         self.heads = (n, k, h)
         self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
         self.implementation = cfg.attention

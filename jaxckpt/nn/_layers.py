@@ -8,6 +8,42 @@ from jaxckpt.nn._config import TransformerConfig
 
 EMBED_INIT = jax.nn.initializers.normal(stddev=0.02)
 
+LOGICAL_AXES = "logical_axes"
+"""Parameter metadata key: the logical name of each of the parameter's axes.
+
+The names (``vocab``, ``positions``, ``embed``, ``heads``, ``kv_heads``, ``mlp``)
+say what an axis means, not where it lives; ``jaxckpt.train``'s logical axis rules
+map them to mesh axes. Stacked layers add leading axes, named ``layers``
+(``logical_axes``).
+"""
+
+LAYERS = "layers"
+"""The logical name of the stacked-layer (scan) axis."""
+
+
+def logical_axes(variable: nnx.Variable) -> "tuple[str | None, ...]":
+    """One logical name per axis of ``variable``: its ``logical_axes`` metadata, with
+    ``layers`` for each leading axis a layer stack added; None for each axis of a
+    variable that has no names (optimizer step counts, for instance).
+
+    Example:
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=2), rngs=nnx.Rngs(0))
+        >>> logical_axes(model.blocks.mlp.up.kernel)
+        ('layers', 'embed', 'mlp')
+    """
+    names = variable.get_metadata().get(LOGICAL_AXES)
+    ndim = len(getattr(variable.get_value(), "shape", ()))
+    if names is None:
+        return (None,) * ndim
+    return (LAYERS,) * (ndim - len(names)) + tuple(names)
+
+
+def _named(initializer, *names: str):
+    """``initializer`` whose parameter carries ``names`` as its logical axes."""
+    return nnx.with_metadata(initializer, **{LOGICAL_AXES: names})
+
 
 class Embedding(nnx.Module):
     """Token (or position) embedding table ``[V, D]``; ``attend`` is the tied head.
@@ -22,9 +58,17 @@ class Embedding(nnx.Module):
     """
 
     def __init__(
-        self, num: int, features: int, *, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs
+        self,
+        num: int,
+        features: int,
+        *,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+        axes: tuple[str, str] = ("vocab", "embed"),
     ):
-        self.embedding = nnx.Param(EMBED_INIT(rngs.params(), (num, features), param_dtype))
+        value = EMBED_INIT(rngs.params(), (num, features), param_dtype)
+        self.embedding = nnx.Param(value, **{LOGICAL_AXES: axes})
         self.dtype = dtype
 
     def __call__(self, ids: jax.Array) -> jax.Array:
@@ -45,7 +89,7 @@ class RMSNorm(nnx.Module):
     """``x / rms(x) * scale``, computed in fp32 and cast back (as Hugging Face LLaMA)."""
 
     def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
-        self.scale = nnx.Param(jnp.ones((features,), param_dtype))
+        self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
         self.eps = eps
         self.dtype = dtype
 
@@ -60,8 +104,8 @@ class LayerNorm(nnx.Module):
     """``(x - mean) / std * scale + bias``, computed in fp32 and cast back."""
 
     def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
-        self.scale = nnx.Param(jnp.ones((features,), param_dtype))
-        self.bias = nnx.Param(jnp.zeros((features,), param_dtype))
+        self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
+        self.bias = nnx.Param(jnp.zeros((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
         self.eps = eps
         self.dtype = dtype
 
@@ -85,14 +129,18 @@ def make_norm(cfg: TransformerConfig) -> RMSNorm | LayerNorm:
     )
 
 
-def make_dense(cfg: TransformerConfig, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-    """A ``[d_in, d_out]`` projection in the config's dtypes (kernel init normal(0.02))."""
+def make_dense(
+    cfg: TransformerConfig, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs, axes: tuple[str, str]
+) -> nnx.Linear:
+    """A ``[d_in, d_out]`` projection in the config's dtypes (kernel init normal(0.02)),
+    its axes named ``axes`` (the bias: ``axes[1]``)."""
     return nnx.Linear(
         d_in,
         d_out,
         use_bias=bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.storage_dtype,
-        kernel_init=EMBED_INIT,
+        kernel_init=_named(EMBED_INIT, *axes),
+        bias_init=_named(jax.nn.initializers.zeros, axes[1]),
         rngs=rngs,
     )

@@ -28,11 +28,10 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.gated = cfg.activation == "swiglu"
-        self.gate = (
-            make_dense(cfg, cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias, rngs=rngs) if self.gated else None
-        )
-        self.up = make_dense(cfg, cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias, rngs=rngs)
-        self.down = make_dense(cfg, cfg.ffn_dim, cfg.d_model, bias=cfg.mlp_bias, rngs=rngs)
+        d, f, bias = cfg.d_model, cfg.ffn_dim, cfg.mlp_bias
+        self.gate = make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp")) if self.gated else None
+        self.up = make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp"))
+        self.down = make_dense(cfg, f, d, bias=bias, rngs=rngs, axes=("mlp", "embed"))
         self.activation = cfg.activation
 
     def __call__(self, x: jax.Array) -> jax.Array:

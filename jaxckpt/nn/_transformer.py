@@ -115,14 +115,16 @@ class Transformer(nnx.Module):
         dtypes = dict(dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
         self.embed = Embedding(cfg.vocab_size, cfg.d_model, **dtypes, rngs=rngs)
         self.pos_embed = (
-            Embedding(cfg.max_len, cfg.d_model, **dtypes, rngs=rngs) if cfg.positions == "learned" else None
+            Embedding(cfg.max_len, cfg.d_model, **dtypes, rngs=rngs, axes=("positions", "embed"))
+            if cfg.positions == "learned"
+            else None
         )
         self.blocks = _stacked_blocks(cfg, rngs)
         self.final_norm = make_norm(cfg)
         self.head = (
             None
             if cfg.tie_embeddings
-            else make_dense(cfg, cfg.d_model, cfg.vocab_size, bias=False, rngs=rngs)
+            else make_dense(cfg, cfg.d_model, cfg.vocab_size, bias=False, rngs=rngs, axes=("embed", "vocab"))
         )
 
     def remat_segments(

@@ -2,19 +2,39 @@
 
 Axis names: ``data`` (replicas of the state, the batch split across them) and
 ``fsdp`` (parameters, gradients and optimizer state split across them, as is the
-batch). JAX's SPMD partitioner inserts the all-gathers and reduce-scatters; each leaf
-of the train state is split along its largest axis that the ``fsdp`` size divides,
-and replicated when none does (scalars, small vectors).
+batch). JAX's SPMD partitioner inserts the all-gathers and reduce-scatters.
+
+Where a leaf lives follows the logical axis names the NNX modules give every
+parameter (``jaxckpt.nn.logical_axes``; the optimizer's moments inherit them) and
+``LOGICAL_AXIS_RULES``: each leaf is split over ``fsdp`` along its largest axis whose
+logical name may be split and whose size ``fsdp`` divides, and replicated when none
+does (scalars, small vectors). The stacked-layer axis is never split: the scan
+slices one layer at a time, and each layer's all-gather stays inside the loop.
 """
 
 import math
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxckpt.nn import logical_axes
 
 AXES = ("data", "fsdp")
 """The mesh axes jaxckpt understands."""
+
+LOGICAL_AXIS_RULES = {
+    "vocab": "fsdp",
+    "positions": "fsdp",
+    "embed": "fsdp",
+    "heads": "fsdp",
+    "kv_heads": "fsdp",
+    "mlp": "fsdp",
+    "layers": None,
+    None: "fsdp",  # an axis without a name (a leaf the modules did not create)
+}
+"""Logical axis name -> the mesh axis it may be split over (None: never split)."""
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -64,16 +84,29 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
     return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
 
 
-def leaf_spec(shape: tuple[int, ...], mesh: Mesh, axis: str = "fsdp") -> PartitionSpec:
-    """The leaf split along its largest dimension that ``mesh.shape[axis]`` divides.
+def leaf_spec(
+    shape: tuple[int, ...], mesh: Mesh, names: "tuple[str | None, ...] | None" = None, axis: str = "fsdp"
+) -> PartitionSpec:
+    """The leaf split over ``axis`` along its largest dimension that ``mesh.shape[axis]``
+    divides, among those whose logical name (``names``) ``LOGICAL_AXIS_RULES`` lets
+    ``axis`` split.
 
     Example:
         >>> mesh = make_mesh({"data": 1})
         >>> tuple(leaf_spec((6, 4), mesh))
         ('fsdp', None)
+        >>> tuple(leaf_spec((6, 4), mesh, names=("layers", "embed")))
+        (None, 'fsdp')
     """
     size = mesh.shape[axis]
-    candidates = [d for d in range(len(shape)) if shape[d] % size == 0 and shape[d] >= size]
+    names = (None,) * len(shape) if names is None else names
+    if len(names) != len(shape):
+        raise ValueError(f"leaf_spec: {len(names)} logical names {names} for a shape {shape}")
+    candidates = [
+        d
+        for d in range(len(shape))
+        if LOGICAL_AXIS_RULES.get(names[d]) == axis and shape[d] % size == 0 and shape[d] >= size
+    ]
     if not candidates:
         return PartitionSpec()
     best = max(candidates, key=lambda d: (shape[d], -d))
@@ -81,8 +114,16 @@ def leaf_spec(shape: tuple[int, ...], mesh: Mesh, axis: str = "fsdp") -> Partiti
 
 
 def state_shardings(state, mesh: Mesh):
-    """A ``NamedSharding`` for every leaf of ``state`` (model + optimizer), FSDP-split."""
-    return jax.tree.map(lambda x: NamedSharding(mesh, leaf_spec(np.shape(x), mesh)), state)
+    """A ``NamedSharding`` for every leaf of ``state`` (model + optimizer, ``nnx.State`` of
+    arrays or of ``ShapeDtypeStruct``s), FSDP-split by the leaves' logical axis names."""
+
+    def sharding(leaf):
+        if isinstance(leaf, nnx.Variable):
+            value = leaf.get_value()
+            return leaf.replace(NamedSharding(mesh, leaf_spec(np.shape(value), mesh, logical_axes(leaf))))
+        return NamedSharding(mesh, leaf_spec(np.shape(leaf), mesh))
+
+    return jax.tree.map(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
