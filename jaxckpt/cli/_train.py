@@ -45,15 +45,24 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--mesh",
-        help="data parallel + FSDP over this process's devices, e.g. data=2,fsdp=4 "
-        "(parameters, gradients and optimizer state split over fsdp; the batch over both)",
+        help="data parallel + FSDP over all devices (of every process), e.g. data=2,fsdp=4 "
+        "(parameters, gradients and optimizer state split over fsdp; the batch over both); "
+        "default: one device, or with --num-processes P > 1: data=P,fsdp=<devices per process>",
     )
+    multi = p.add_argument_group(
+        "multi-host",
+        "run the same command in every process, each with its own --process-id; all three flags or none",
+    )
+    multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (it listens there)")
+    multi.add_argument("--num-processes", type=int, metavar="P", help="how many processes take part")
+    multi.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0..P-1")
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Builds the config, trains, and prints the result."""
+    """Builds the config, trains, and prints the result (process 0 only, when there are several)."""
+    _initialize_distributed(args)  # before anything touches JAX devices
     given = (
         ("n_layers", args.layers),
         ("remat", args.remat),
@@ -82,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.json,
         mesh=args.mesh,
     )
+    if not train.is_primary():
+        return 0
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -101,3 +112,24 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
     return 0
+
+
+MULTI_HOST_FLAGS = (
+    ("--coordinator", "coordinator"),
+    ("--num-processes", "num_processes"),
+    ("--process-id", "process_id"),
+)
+
+
+def _initialize_distributed(args: argparse.Namespace) -> None:
+    """Joins a multi-process run when the multi-host flags are given (all three, or none)."""
+    missing = [flag for flag, name in MULTI_HOST_FLAGS if getattr(args, name) is None]
+    if len(missing) == len(MULTI_HOST_FLAGS):
+        return
+    if missing:
+        given = [flag for flag, name in MULTI_HOST_FLAGS if getattr(args, name) is not None]
+        raise ValueError(
+            f"{', '.join(given)} given without {', '.join(missing)}: "
+            "--coordinator, --num-processes and --process-id go together"
+        )
+    train.initialize(args.coordinator, args.num_processes, args.process_id)

@@ -11,14 +11,23 @@ Example:
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._compare import ATTENTION, compare, default_rows, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
+from jaxckpt.train._distributed import initialize, is_primary
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config
 from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._memory import MemoryReport, device_memory_stats, memory_report
-from jaxckpt.train._sharding import bytes_per_device, make_mesh, parse_mesh, state_shardings
+from jaxckpt.train._sharding import (
+    LOGICAL_AXIS_RULES,
+    bytes_per_device,
+    leaf_spec,
+    make_mesh,
+    parse_mesh,
+    state_shardings,
+)
 from jaxckpt.train._step import OptimizerConfig, Trainer, jit_train_step, loss_and_grads, next_token_loss
 
 __all__ = [
     "ATTENTION",
+    "LOGICAL_AXIS_RULES",
     "PARAMS_KIND",
     "VOCAB_SIZE",
     "ByteBatches",
@@ -34,8 +43,11 @@ __all__ = [
     "device_memory_stats",
     "encode",
     "initial_model",
+    "initialize",
+    "is_primary",
     "jit_train_step",
     "latest_step",
+    "leaf_spec",
     "load_tokens",
     "loss_and_grads",
     "make_mesh",

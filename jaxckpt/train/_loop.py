@@ -13,6 +13,7 @@ from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._data import ByteBatches, load_tokens
+from jaxckpt.train._distributed import default_mesh_axes, is_primary
 from jaxckpt.train._init import initial_model
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._progress import memory_text, train_progress
@@ -51,7 +52,17 @@ def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -
             f"{str(directory)!r} already holds checkpoints (latest step {latest}); "
             "pass --resume to continue from it or --force to replace it"
         )
-    shutil.rmtree(directory)
+    if is_primary():
+        shutil.rmtree(directory)
+    _barrier("jaxckpt_checkpoint_dir_cleared")
+
+
+def _barrier(name: str) -> None:
+    """Every process waits here for the others (nothing to do with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 FREE_ON_RESUME = ("remat", "attention")
@@ -114,7 +125,15 @@ def train(
             converted by ``jaxckpt convert``) or a Hugging Face directory (needs torch_bridge).
         progress: draw a progress bar.
         mesh: data parallel + FSDP: a ``jax.sharding.Mesh``, or axis sizes such as
-            ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"`` over this process's devices.
+            ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"`` over ``jax.devices()``.
+            None: one device; in a multi-process run (after ``train.initialize``)
+            ``data`` = the processes and ``fsdp`` = each process's devices.
+
+    Multi-process runs: every process calls ``train`` with the same arguments (each
+    builds the same model and global batches and places only its own shards); only
+    process 0 draws the progress bar. Checkpoints work: every process writes its own
+    shards through orbax into ``checkpoint_dir``, which must be one directory that all
+    processes see (a shared file system across hosts); process 0 writes the metadata.
 
     Returns:
         A ``TrainRun``.
@@ -141,6 +160,8 @@ def train(
 
         plan = plan_memory(config, batch, seq, config.budget, micro_batches=micro_batches)
         config = config.replace(remat=plan.spec)
+    if mesh is None:
+        mesh = default_mesh_axes()
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
         mesh = make_mesh(mesh)
     trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh)
@@ -161,14 +182,14 @@ def train(
         start = step
     records = _run_steps(trainer, batches, start, steps, progress, memory, directory, checkpoint_every, meta)
     if directory is not None and records:
-        save_checkpoint(directory, steps, trainer.state, meta)
+        _save(directory, steps, trainer.state, meta)
     return TrainRun(records, memory, trainer, plan)
 
 
 def _run_steps(trainer, batches, start, steps, progress, memory, directory, every, meta) -> list[dict]:
     records = []
     tokens_per_step = batches.micro_batches * batches.batch * batches.seq
-    with train_progress(steps, start, progress) as update:
+    with train_progress(steps, start, progress and is_primary()) as update:
         for step in range(start, steps):
             tokens = batches.batch_at(step)
             t0 = time.perf_counter()
@@ -177,5 +198,10 @@ def _run_steps(trainer, batches, start, steps, progress, memory, directory, ever
             records.append({"step": step, "loss": loss, "step_seconds": seconds})
             update(step + 1, loss, tokens_per_step / seconds, memory_text(memory))
             if directory is not None and every and (step + 1) % every == 0 and step + 1 < steps:
-                save_checkpoint(directory, step + 1, trainer.state, meta)
+                _save(directory, step + 1, trainer.state, meta)
     return records
+
+
+def _save(directory: Path, step: int, state, meta: dict) -> None:
+    """Every process saves its shards (orbax); only process 0 writes the metadata file."""
+    save_checkpoint(directory, step, state, meta if is_primary() else None)

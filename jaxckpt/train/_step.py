@@ -5,11 +5,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
+from jaxckpt.train._distributed import put_global
 from jaxckpt.train._sharding import batch_sharding, replicated, state_shardings
 
 
@@ -154,7 +156,9 @@ class Trainer:
         remat: overrides ``model.config.remat``.
         mesh: a ``jax.sharding.Mesh`` with axes ``data`` and ``fsdp`` (``make_mesh``):
             parameters, gradients and optimizer state are split over ``fsdp``, batches
-            over both. None: one device.
+            over both. None: one device. In a multi-process run (``train.initialize``) the
+            mesh spans every process's devices, and every process must build the same
+            model and pass the same global batches; each places only its own shards.
 
     Example:
         >>> import jax.numpy as jnp
@@ -175,17 +179,18 @@ class Trainer:
         self.mesh, shardings = mesh, None
         if mesh is not None:
             shardings = state_shardings(self.state, mesh)
-            self.state = jax.device_put(self.state, shardings)
+            self.state = put_global(self.state, shardings)
         self._step = jit_train_step(self.graphdef, self.spec, shardings, mesh)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
     def step(self, batch: jax.Array) -> jax.Array:
         """Runs one step on ``batch [M, B, T + 1]`` and returns its mean loss (on device)."""
         check_batch(batch)
-        batch = jnp.asarray(batch, jnp.int32)
+        # Several processes: each cuts its shards from the host copy (no trip through a device).
+        batch = np.asarray(batch, np.int32) if jax.process_count() > 1 else jnp.asarray(batch, jnp.int32)
         compiled = self.compile(batch.shape)  # checks the batch against the mesh first
         if self.mesh is not None:
-            batch = jax.device_put(batch, batch_sharding(self.mesh))
+            batch = put_global(batch, batch_sharding(self.mesh))
         self.state, loss = compiled(self.state, batch)
         return loss
 
