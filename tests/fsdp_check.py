@@ -41,9 +41,41 @@ def main() -> dict:
     skip = () if train.offload_saves_memory() else ("offload_qkv", "offload_minimal")
     # Remat does not change the numbers: every preset's first loss is the single-device one.
     out["presets"] = {p: run(mesh, p, steps=1)[0][0] for p in remat.PRESETS if p not in (*skip, "full")}
+    out["planning"] = planning(cfg, trainer)
     out["max_loss_difference"] = float(
         max(np.abs(np.array(m["losses"]) - np.array(single)).max() for m in out["meshes"].values())
     )
+    return out
+
+
+def planning(cfg, trainer) -> dict:
+    """Per-device planning, compiled in this process (it has the devices): the analytic
+    figures against XLA's, and the planner's state shares against a real sharded trainer's."""
+    from flax import nnx
+
+    from jaxckpt import nn, plan, train
+
+    out = {"ratios": {}}
+    sized = nn.TransformerConfig.preset("tiny")  # activations large enough to model, as users' are
+    for devices in (2, 8):
+        for preset in ("none", "full", "save_attn"):
+            predicted = plan.predict(sized, 8, 128, preset, devices=devices).total
+            measured = plan.measure(sized, 8, 128, preset, devices=devices).peak
+            out["ratios"][f"{devices}/{preset}"] = predicted / measured
+    measured = plan.measure(cfg, 8, 16, "full", devices=8)
+    params = nnx.state(trainer.model, nnx.Param)
+    out["planned_state_bytes"] = measured.params + measured.optimizer
+    out["trainer_state_bytes"] = max(train.bytes_per_device(trainer.state).values())
+    out["planned_params_bytes"] = measured.params
+    out["trainer_params_bytes"] = max(train.bytes_per_device(params).values())
+    budget = (measured.peak + plan.measure(cfg, 8, 16, "none", devices=8).peak) // 2
+    chosen = plan.plan_memory(cfg, 8, 16, budget, devices=8)
+    out["plan"] = {
+        "budget": budget,
+        "peak": chosen.measured.peak,
+        "remat": chosen.remat,
+        "devices": chosen.devices,
+    }
     return out
 
 

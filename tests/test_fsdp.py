@@ -44,6 +44,22 @@ def test_every_remat_preset_runs_sharded(report):
         assert loss == pytest.approx(report["single"][0], abs=1e-5), preset
 
 
+@pytest.mark.slow
+def test_per_device_planning_matches_xla_and_the_trainer(report):
+    planning = report["planning"]
+    for case, ratio in planning["ratios"].items():  # predicted / XLA's per-device peak
+        assert 0.9 <= ratio <= 1.1, (case, ratio)
+    # the planner's per-device state is what a sharded trainer really holds (fsdp=8 there)
+    assert planning["planned_params_bytes"] == planning["trainer_params_bytes"]
+    assert (
+        planning["planned_state_bytes"]
+        <= planning["trainer_state_bytes"]
+        <= planning["planned_state_bytes"] + 64
+    )
+    chosen = planning["plan"]
+    assert chosen["devices"] == 8 and chosen["peak"] <= chosen["budget"]
+
+
 def test_mesh_arguments_are_checked():
     assert train.parse_mesh("fsdp=2") == {"fsdp": 2}
     for bad, match in (

@@ -54,7 +54,7 @@ def test_json_fitting_budget_chooses_a_spec_that_xla_confirms(capsys):
     assert result["budget_bytes"] == 20 * 2**20
     rows = _check_rows(result["rows"])
     chosen = result["chosen"]
-    assert set(chosen) == {"remat", "spec", "predicted_bytes", "measured_bytes", "recompute_flops"}
+    assert set(chosen) == {"remat", "spec", "predicted_bytes", "measured_bytes", "recompute_flops", "devices"}
     assert all(isinstance(chosen[k], int) for k in ("predicted_bytes", "measured_bytes", "recompute_flops"))
     assert chosen["measured_bytes"] <= result["budget_bytes"]
     assert chosen["remat"] in rows and rows[chosen["remat"]]["fits"]
@@ -110,7 +110,7 @@ def test_infeasible_budget_json_has_no_choice_and_the_error(capsys):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--budget", "1GB", "--devices", "2"], "not yet"),
+        (["--budget", "1GB", "--devices", "2"], "--batch 1 must be a multiple of --devices 2"),
         (["--budget", "12XB"], "--budget: size '12XB'"),
         (["--device", "tpu-v9"], "--device: invalid choice: 'tpu-v9'"),
         (["--budget", "1GB", "--optimizer", "lion"], "--optimizer: invalid choice"),
@@ -126,3 +126,20 @@ def test_bad_arguments_exit_2_naming_the_argument(extra, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_devices_plans_per_device_compiled_over_simulated_devices(capsys):
+    """This process has one CPU device: each candidate is compiled in a subprocess with 2."""
+    code, out, _ = _run(["plan", "--model", "tiny", "--batch", "2", "--seq", "64", "--budget", "12MiB",
+                         "--devices", "2", "--json"], capsys)  # fmt: skip
+    assert code == 0
+    result = json.loads(out)
+    one_device = json.loads(_run([*FITS, "--json"], capsys)[1])
+    rows, single = _check_rows(result["rows"]), _check_rows(one_device["rows"])
+    assert rows["full"]["params_bytes"] * 2 == single["full"]["params_bytes"]
+    assert rows["full"]["optimizer_bytes"] < single["full"]["optimizer_bytes"] * 0.51
+    assert rows["none"]["activation_bytes"] < single["none"]["activation_bytes"] * 0.6  # batch split too
+    chosen = result["chosen"]
+    assert chosen["devices"] == 2 and chosen["measured_bytes"] <= 12 * 2**20
+    assert result["config"]["devices"] == 2

@@ -48,7 +48,8 @@ def test_llama2_7b_is_measured_without_allocating():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(devices=8), NotImplementedError, "not implemented yet"),
+        (dict(devices=8), ValueError, "batch 1 must be a multiple of devices=8"),
+        (dict(devices=0), ValueError, "devices must be a positive int"),
         (dict(optimizer="lion"), ValueError, "unknown optimizer 'lion'"),
         (dict(batch=0), ValueError, "batch must be a positive int"),
         (dict(seq=CONFIG.max_len + 1), ValueError, "max_len"),

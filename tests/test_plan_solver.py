@@ -98,11 +98,12 @@ def test_infeasible_budget_names_the_minimum_and_what_would_fit():
         plan.plan_memory(CONFIG, BATCH, SEQ, full - 2**20)
     assert err.value.minimum_bytes == full
     assert "What would fit" in str(err.value)
+    assert "--devices 2 (FSDP: jaxckpt train --mesh fsdp=2)" in str(err.value)  # the batch of 2 splits
 
 
 def test_plan_memory_rejects_bad_input():
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
-        plan.plan_memory(CONFIG, BATCH, SEQ, 2**30, devices=2)
+    with pytest.raises(ValueError, match="batch 2 must be a multiple of devices=3"):
+        plan.plan_memory(CONFIG, BATCH, SEQ, 2**30, devices=3)
     with pytest.raises(ValueError, match="budget"):
         plan.plan_memory(CONFIG, BATCH, SEQ, 0)
     with pytest.raises(ValueError, match="headroom"):

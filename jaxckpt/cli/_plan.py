@@ -12,6 +12,10 @@ Example:
     $ jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910
     (every row needs about 125 GiB against 29.80 GiB: the table, then the smallest peak
     and what would fit on stderr, exit status 1)
+
+    $ jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910 --devices 8
+    (the same rows per device under 8-way FSDP; the chosen spec compiled over 8
+    simulated CPU devices)
 """
 
 import argparse
@@ -84,7 +88,11 @@ def add_parser(sub) -> None:
     )
     budget.add_argument("--budget", type=_size, help="bytes per device: 32GB, 30GiB, 512MiB or a number")
     p.add_argument(
-        "--devices", type=_positive_int, default=1, help="devices to shard over (only 1 is supported yet)"
+        "--devices",
+        type=_positive_int,
+        default=1,
+        help="plan per device for FSDP over this many devices (jaxckpt train --mesh fsdp=N); the batch "
+        "is split over them and every candidate is compiled over N simulated CPU devices",
     )
     p.add_argument("--optimizer", default="adamw", choices=list(plan.OPTIMIZERS), help="default: adamw")
     p.add_argument(
@@ -106,21 +114,17 @@ def run(args: argparse.Namespace) -> int:
     config = nn.TransformerConfig.preset(args.model, **overrides)
     device = plan.device_preset(args.device or "cpu")
     budget = device.memory if args.device else args.budget
-    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches)
+    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches, devices=args.devices)
     chosen, error = None, None
+    if args.batch % args.devices:
+        raise ValueError(
+            f"--batch {args.batch} must be a multiple of --devices {args.devices}: FSDP gives each device "
+            "an equal share of the batch"
+        )
     try:
         chosen = plan.plan_memory(
-            config,
-            args.batch,
-            args.seq,
-            budget,
-            devices=args.devices,
-            headroom=args.headroom,
-            device=device,
-            **size,
+            config, args.batch, args.seq, budget, headroom=args.headroom, device=device, **size
         )
-    except NotImplementedError as err:
-        raise ValueError(f"--devices {args.devices}: not yet supported ({err})") from err
     except plan.BudgetError as err:
         error = err
     result = report(args, config, budget, chosen, error)
@@ -153,9 +157,9 @@ def report(
     ``chosen`` is the ``MemoryPlan``, or None with ``error`` the ``BudgetError``.
     """
     batch, seq, headroom = args.batch, args.seq, args.headroom
-    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches)
+    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches, devices=args.devices)
     limit = int(budget * (1 - headroom))
-    step = plan.step_flops(config, batch, seq, size["micro_batches"])
+    step = plan.step_flops(config, batch // args.devices, seq, size["micro_batches"])
     names = [n for n in remat.PRESETS if remat.has_pinned_host() or not remat.PRESETS[n].offload]
     rows = [_row(name, plan.choice(config, batch, seq, name, **size), limit, step) for name in names]
     if chosen is not None and chosen.remat not in names:
@@ -217,6 +221,8 @@ def table(result: dict) -> Table:
     title = (
         f"{result['model']} B={c['batch']} T={c['seq']}{micro}, {c['optimizer']}, {c['param_dtype']} params"
     )
+    if c["devices"] > 1:
+        title += f"; per device, FSDP over {c['devices']} devices (B={c['batch'] // c['devices']} each)"
     budget = plan.format_bytes(result["budget_bytes"])
     if result["device"]:
         budget += f" ({result['device']}, {result['budget_bytes'] / 1e9:g} GB)"
@@ -226,6 +232,11 @@ def table(result: dict) -> Table:
     notes = [
         f"budget {budget}; smallest peak {plan.format_bytes(result['minimum_bytes'])} ({source})",
         "sizes and fits are predicted from shapes; recompute: extra FLOPs as a share of a step's",
+        *(
+            [f"measured: the FSDP step compiled over {c['devices']} simulated CPU devices, one device's peak"]
+            if c["devices"] > 1
+            else []
+        ),
     ]
     if any(r["activation_bytes"] == r["params_bytes"] for r in rows):
         notes.append("activations equal to params are the floor: the update reuses their buffers")

@@ -10,6 +10,7 @@ Example:
     (1, 8, 256)
 """
 
+from jaxckpt.nn._activation_sharding import activation_sharding, constrain
 from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._build import from_params
@@ -30,7 +31,9 @@ __all__ = [
     "RMSNorm",
     "Transformer",
     "TransformerConfig",
+    "activation_sharding",
     "apply_rope",
+    "constrain",
     "from_params",
     "logical_axes",
     "rope_tables",

@@ -6,6 +6,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.attention import flash_attention
+from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import make_dense
 from jaxckpt.nn._rope import apply_rope, rope_tables
@@ -45,9 +46,10 @@ class Attention(nnx.Module):
         """``[B, T, D] -> [B, T, D]``."""
         b, t, _ = x.shape
         n, k, h = self.heads
-        q = checkpoint_name(self.q_proj(x).reshape(b, t, n, h), Tag.Q_PROJ)
-        key = checkpoint_name(self.k_proj(x).reshape(b, t, k, h), Tag.K_PROJ)
-        value = checkpoint_name(self.v_proj(x).reshape(b, t, k, h), Tag.V_PROJ)
+        heads = ("batch", "seq", "heads", "head_dim")
+        q = checkpoint_name(constrain(self.q_proj(x).reshape(b, t, n, h), *heads), Tag.Q_PROJ)
+        key = checkpoint_name(constrain(self.k_proj(x).reshape(b, t, k, h), *heads), Tag.K_PROJ)
+        value = checkpoint_name(constrain(self.v_proj(x).reshape(b, t, k, h), *heads), Tag.V_PROJ)
         if self.rope_theta is not None:
             cos, sin = rope_tables(jnp.arange(t), h, self.rope_theta)
             q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)

@@ -4,11 +4,15 @@ import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import make_norm
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.remat import Tag
+
+ACTIVATION = ("batch", "seq", "embed")
+"""The logical names of the residual stream's axes ``[B, T, D]``."""
 
 
 class Block(nnx.Module):
@@ -31,6 +35,6 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[B, T, D] -> [B, T, D]``."""
-        x = checkpoint_name(x, Tag.LAYER_INPUT)
-        x = x + self.attn(checkpoint_name(self.attn_norm(x), Tag.NORM_OUT))
-        return x + self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT))
+        x = checkpoint_name(constrain(x, *ACTIVATION), Tag.LAYER_INPUT)
+        x = constrain(x + self.attn(checkpoint_name(self.attn_norm(x), Tag.NORM_OUT)), *ACTIVATION)
+        return constrain(x + self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT)), *ACTIVATION)

@@ -24,7 +24,8 @@ LAYERS = "layers"
 def logical_axes(variable: nnx.Variable) -> "tuple[str | None, ...]":
     """One logical name per axis of ``variable``: its ``logical_axes`` metadata, with
     ``layers`` for each leading axis a layer stack added; None for each axis of a
-    variable that has no names (optimizer step counts, for instance).
+    variable that has no names (optimizer step counts) or fewer axes than names
+    (Adafactor's factored moments inherit their parameter's names).
 
     Example:
         >>> from flax import nnx
@@ -35,7 +36,7 @@ def logical_axes(variable: nnx.Variable) -> "tuple[str | None, ...]":
     """
     names = variable.get_metadata().get(LOGICAL_AXES)
     ndim = len(getattr(variable.get_value(), "shape", ()))
-    if names is None:
+    if names is None or len(names) > ndim:  # no names, or a value of fewer axes (a factored moment)
         return (None,) * ndim
     return (LAYERS,) * (ndim - len(names)) + tuple(names)
 

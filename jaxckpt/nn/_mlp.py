@@ -4,6 +4,7 @@ import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import make_dense
 from jaxckpt.remat import Tag
@@ -36,9 +37,10 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``[B, T, D] -> [B, T, D]``."""
-        up = checkpoint_name(self.up(x), Tag.MLP_UP)
+        hidden_axes = ("batch", "seq", "mlp")
+        up = checkpoint_name(constrain(self.up(x), *hidden_axes), Tag.MLP_UP)
         if self.gated:
-            gate = checkpoint_name(self.gate(x), Tag.MLP_GATE)
+            gate = checkpoint_name(constrain(self.gate(x), *hidden_axes), Tag.MLP_GATE)
             hidden = jax.nn.silu(gate) * up
         else:
             hidden = ACTIVATIONS[self.activation](up)

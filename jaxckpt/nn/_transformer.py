@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt.nn._block import Block
+from jaxckpt.nn._activation_sharding import constrain
+from jaxckpt.nn._block import ACTIVATION, Block
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import Embedding, make_dense, make_norm
 from jaxckpt.remat import RematSpec
@@ -179,6 +180,7 @@ class Transformer(nnx.Module):
         x = self.embed(tokens)
         if self.pos_embed is not None:
             x = x + self.pos_embed(jnp.arange(t))[None]
-        x = run_blocks(self.blocks, x, spec, cfg.n_layers)
+        x = run_blocks(self.blocks, constrain(x, *ACTIVATION), spec, cfg.n_layers)
         x = self.final_norm(x)
-        return self.embed.attend(x) if self.head is None else self.head(x)
+        logits = self.embed.attend(x) if self.head is None else self.head(x)
+        return constrain(logits, "batch", "seq", "vocab")

@@ -12,6 +12,11 @@ residuals, its weight-gradient slice and the cotangents in flight. With AdamW th
 update needs a params-sized buffer after the backward pass, so the activation term
 is at least that (the buffers are reused). ``korthikanti_bytes`` is the published
 baseline the model is checked against.
+
+Over ``devices`` (FSDP, ``jaxckpt train --mesh fsdp=D``) each device holds its
+shards of the state and of the update and runs ``batch / D`` sequences; it gathers
+one layer's parameters at a time (within the layer working set) and the output
+head whole (added to the head's working set).
 """
 
 import dataclasses
@@ -25,6 +30,7 @@ from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import OPTIMIZERS, abstract_train_state, tree_bytes
+from jaxckpt.plan._sharded import sharded_bytes
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 from jaxckpt.remat._tags import PROJECTIONS
@@ -55,37 +61,43 @@ def saved_tags(spec: RematSpec) -> frozenset:
 
 
 @functools.lru_cache(maxsize=64)
-def state_bytes(config: TransformerConfig, optimizer: str = "adamw") -> tuple[int, int]:
-    """``(params, optimizer state)`` bytes, from the abstract model (nothing allocated)."""
+def state_bytes(config: TransformerConfig, optimizer: str = "adamw", devices: int = 1) -> tuple[int, int]:
+    """``(params, optimizer state)`` bytes on one of ``devices`` FSDP devices, from the
+    abstract model (nothing allocated)."""
     model, opt = abstract_train_state(config, optimizer)
-    return tree_bytes(nnx.state(model, nnx.Param)), tree_bytes(nnx.state(opt))
+    return sharded_bytes(nnx.state(model, nnx.Param), devices), sharded_bytes(nnx.state(opt), devices)
 
 
 @functools.lru_cache(maxsize=64)
-def update_workspace(config: TransformerConfig, optimizer: str = "adamw") -> int:
+def update_workspace(config: TransformerConfig, optimizer: str = "adamw", devices: int = 1) -> int:
     """Bytes the optimizer update needs after the backward pass (the activations' buffers are free).
 
-    AdamW's update is one params-sized tree; Adafactor's factored update goes one
-    parameter at a time (the largest one); SGD updates in place.
+    AdamW's update is one params-sized tree (on ``devices``: one device's shards);
+    Adafactor's factored update goes one parameter at a time (the largest one); SGD
+    updates in place.
     """
     if optimizer == "sgd":
         return 0
     model, _ = abstract_train_state(config, optimizer)
-    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    params = nnx.state(model, nnx.Param)
     if optimizer == "adafactor":
-        return max(tree_bytes(leaf) for leaf in leaves)
-    return tree_bytes(leaves)
+        return max(tree_bytes(leaf) for leaf in jax.tree.leaves(params))
+    return sharded_bytes(params, devices)
 
 
-def layer_working_set(config: TransformerConfig, batch: int, seq: int) -> int:
+def layer_working_set(config: TransformerConfig, batch: int, seq: int, devices: int = 1) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
     Its recomputed residuals, its weight-gradient slice, two cotangents of width F
-    and two of width D, and one attention tile.
+    and two of width D, and one attention tile; ``batch`` is one device's. Over
+    ``devices`` nothing is added for the layer's gathered parameters: measured on
+    ``tiny`` and ``small`` over 2-8 devices, XLA's peak stays within 6% of this
+    (the gathered copy lives while the weight-gradient slice does not, and vice versa).
     """
     graph = layer_graph(config, batch, seq)
     n, e = batch * seq, config.compute_dtype.itemsize
     cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
+    del devices  # see above
     return graph.working_residual_bytes() + layer_param_bytes(config) + cotangents + graph.attention_tile
 
 
@@ -96,10 +108,23 @@ def layer_param_bytes(config: TransformerConfig) -> int:
     return (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
 
 
-def head_working_set(config: TransformerConfig, batch: int, seq: int) -> int:
-    """The output head: logits in the compute dtype, their fp32 copy and its gradient."""
+def head_working_set(config: TransformerConfig, batch: int, seq: int, devices: int = 1) -> int:
+    """The output head: logits in the compute dtype, their fp32 copy and its gradient;
+    over ``devices``, also the head's weights gathered whole and their full gradient."""
     n = batch * seq
-    return n * config.vocab_size * (config.compute_dtype.itemsize + 8)
+    gathered = 2 * config.vocab_size * config.d_model * config.storage_dtype.itemsize if devices > 1 else 0
+    return n * config.vocab_size * (config.compute_dtype.itemsize + 8) + gathered
+
+
+def local_batch(batch: int, devices: int) -> int:
+    """One device's share of ``batch`` under FSDP; the error names both numbers."""
+    require_positive_int("devices", devices, "predict: ")
+    if batch % devices:
+        raise ValueError(
+            f"batch {batch} must be a multiple of devices={devices}: FSDP gives each device an "
+            f"equal share of the batch (e.g. batch {devices * max(1, batch // devices)})"
+        )
+    return batch // devices
 
 
 def predict(
@@ -110,14 +135,16 @@ def predict(
     *,
     optimizer: str = "adamw",
     micro_batches: int = 1,
+    devices: int = 1,
 ) -> Prediction:
     """Predicts a train step's memory from shapes (no compile; ``measure`` is the check).
 
     Args:
-        config: the model. batch, seq: one micro-batch ``[B, T]``.
+        config: the model. batch, seq: one micro-batch ``[B, T]`` (B over all devices).
         remat: a preset name or ``RematSpec``.
         optimizer: a key of ``jaxckpt.plan.OPTIMIZERS``.
         micro_batches: gradient accumulation steps (adds one gradient accumulator).
+        devices: FSDP devices; the figures are one device's (``B`` must divide evenly).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -130,24 +157,25 @@ def predict(
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     spec = get_remat(remat)
-    params, opt = state_bytes(config, optimizer)
+    batch = local_batch(batch, devices)
+    params, opt = state_bytes(config, optimizer, devices)
     graph = layer_graph(config, batch, seq)
     stored = stored_bytes(graph, spec, config.n_layers)
-    layer = layer_working_set(config, batch, seq)
+    layer = layer_working_set(config, batch, seq, devices)
     if spec.enabled:  # what a layer keeps is not recomputed, so not held twice
         layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
         if config.n_layers > spec.layers_per_checkpoint > 1:
             # a segment's backward pass slices k layers' parameters and their gradients
             # out of the stacks (measured: XLA copies both)
-            layer += 2 * spec.layers_per_checkpoint * layer_param_bytes(config)
-    working = max(layer, head_working_set(config, batch, seq))
+            layer += 2 * spec.layers_per_checkpoint * layer_param_bytes(config) // devices
+    working = max(layer, head_working_set(config, batch, seq, devices))
     activations = stored + working
     grads = params * (2 if micro_batches > 1 else 1)
     return Prediction(
         params=params,
         grads=grads,
         optimizer=opt,
-        activations=max(activations, update_workspace(config, optimizer)),
+        activations=max(activations, update_workspace(config, optimizer, devices)),
         inputs=micro_batches * batch * (seq + 1) * 4,
     )
 

@@ -3,7 +3,7 @@
 import dataclasses
 
 from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import Prediction, predict, saved_tags
+from jaxckpt.plan._analytic import Prediction, local_batch, predict, saved_tags
 from jaxckpt.plan._devices import DevicePreset
 from jaxckpt.plan._layer_graph import layer_graph
 from jaxckpt.remat import PRESETS, RematSpec
@@ -55,14 +55,19 @@ def choice(
     *,
     optimizer: str = "adamw",
     micro_batches: int = 1,
+    devices: int = 1,
 ) -> Choice:
     """``remat`` with its prediction and per-step recompute FLOPs and offload bytes.
 
     ``layers_per_checkpoint = k`` recomputes each layer twice except the last of a segment.
+    Over ``devices`` (FSDP) the bytes and costs are one device's.
     """
     spec = get_remat(remat)
+    pred = predict(
+        config, batch, seq, spec, optimizer=optimizer, micro_batches=micro_batches, devices=devices
+    )
+    batch = local_batch(batch, devices)
     graph = layer_graph(config, batch, seq)
-    pred = predict(config, batch, seq, spec, optimizer=optimizer, micro_batches=micro_batches)
     if not spec.enabled:
         return Choice(spec, pred, 0, 0)
     tags = saved_tags(spec)

@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.plan._sharded import measure_sharded
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train import MemoryReport, OptimizerConfig, jit_train_step, memory_report
@@ -71,13 +72,15 @@ def measure(
         config: the model. batch, seq, micro_batches: the step's input ``[M, B, T + 1]``.
         remat: a preset name or ``RematSpec``.
         optimizer: a key of ``OPTIMIZERS``.
-        devices: 1 (sharded measurement arrives with FSDP).
+        devices: FSDP devices (``jaxckpt train --mesh fsdp=D``): the step is compiled
+            over D devices (simulated CPU devices in a subprocess when this process has
+            fewer) and the figures are one device's; ``batch`` is split over them.
 
     Returns:
         A ``MemoryReport`` with ``params``, ``optimizer`` and ``grads`` filled in.
 
     Raises:
-        ValueError: for bad sizes or names. NotImplementedError: for ``devices > 1``.
+        ValueError: for bad sizes or names, or a batch the devices do not divide.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -86,10 +89,17 @@ def measure(
         >>> report.params == report.grads, report.peak > report.params + report.optimizer
         (True, True)
     """
-    if devices != 1:
-        raise NotImplementedError(f"devices={devices}: per-device (FSDP) measurement is not implemented yet")
-    for name, value in (("batch", batch), ("seq", seq), ("micro_batches", micro_batches)):
+    for name, value in (
+        ("batch", batch),
+        ("seq", seq),
+        ("micro_batches", micro_batches),
+        ("devices", devices),
+    ):
         require_positive_int(name, value, "measure: ")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    if devices > 1:
+        return measure_sharded(config, batch, seq, get_remat(remat), optimizer, micro_batches, devices)
     return _measure(config, batch, seq, get_remat(remat), optimizer, micro_batches)
 
 

@@ -18,7 +18,13 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import head_working_set, layer_working_set, predict, update_workspace
+from jaxckpt.plan._analytic import (
+    head_working_set,
+    layer_working_set,
+    local_batch,
+    predict,
+    update_workspace,
+)
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.remat import RematSpec, Tag
@@ -43,10 +49,12 @@ def solve(
     offload: bool = False,
     tags: "list[Tag] | None" = None,
     exclude: "Sequence[RematSpec]" = (),
+    devices: int = 1,
 ) -> RematSpec | None:
     """The per-layer spec of least cost whose predicted peak is within ``budget`` (exact MILP).
 
     Args:
+        devices: FSDP devices; ``budget`` is per device and ``batch`` is split over them.
         tags: restrict the decision to these tags (the others are recomputed).
         offload: allow offloading tags to host memory.
         exclude: specs not to return (each a no-good cut on the choice variables).
@@ -54,6 +62,9 @@ def solve(
     Returns:
         The spec, or None when no spec's prediction fits.
     """
+    size = dict(optimizer=optimizer, micro_batches=micro_batches, devices=devices)
+    base = predict(config, batch, seq, RematSpec(), **size)
+    batch = local_batch(batch, devices)
     graph = layer_graph(config, batch, seq)
     tags = [t for t in (tags if tags is not None else _tunable(graph)) if t != Tag.LAYER_INPUT]
     ops = list(graph.ops)
@@ -105,14 +116,13 @@ def solve(
         constraint(coefs, 1 - flips, np.inf)
     # bytes: a tag's values, counted once per layer; kept tags shrink the working set too
     tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
-    base = predict(config, batch, seq, RematSpec(), optimizer=optimizer, micro_batches=micro_batches)
     fixed = base.params + base.grads + base.optimizer + base.inputs
     x = graph.values["x"].nbytes
-    working = layer_working_set(config, batch, seq)
-    head = head_working_set(config, batch, seq)
+    working = layer_working_set(config, batch, seq, devices)
+    head = head_working_set(config, batch, seq, devices)
     n = config.n_layers
     room = budget - fixed
-    if room < update_workspace(config, optimizer):  # the optimizer update alone does not fit
+    if room < update_workspace(config, optimizer, devices):  # the optimizer update alone does not fit
         return None
     # n*(x + K) + working - K <= room, and n*(x + K) + head <= room
     constraint({keep[t]: (n - 1) * tag_bytes[t] for t in tags}, -np.inf, room - n * x - working)

@@ -8,12 +8,11 @@ lowered by the overshoot. A spec is only returned once its measured peak fits.
 """
 
 import dataclasses
-import math
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt._sizes import format_bytes
 from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import Prediction, predict, state_bytes, update_workspace
+from jaxckpt.plan._analytic import Prediction, local_batch, predict, state_bytes
 from jaxckpt.plan._cost import Choice, choice, spec_dict, spec_name, step_flops
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._measure import measure
@@ -49,6 +48,8 @@ class MemoryPlan:
         step_flops: FLOPs of one step without remat (forward + backward).
         minimum_bytes: the predicted peak of ``full`` remat (the least of the per-layer specs).
         attempts: every ``(spec, predicted, measured)`` compiled on the way.
+        devices: FSDP devices planned for; every byte figure is one device's, and the
+            FLOPs are one device's share of the step.
     """
 
     spec: RematSpec
@@ -60,6 +61,7 @@ class MemoryPlan:
     step_flops: int
     minimum_bytes: int
     attempts: tuple
+    devices: int = 1
 
     @property
     def recompute_fraction(self) -> float:
@@ -73,6 +75,7 @@ class MemoryPlan:
             "predicted_bytes": self.predicted.total,
             "measured_bytes": self.measured.peak,
             "recompute_flops": self.recompute_flops,
+            "devices": self.devices,
         }
 
 
@@ -100,7 +103,9 @@ def plan_memory(
     Args:
         config: the model. batch, seq, micro_batches: the step's input.
         budget: bytes per device. headroom: the fraction of ``budget`` kept free.
-        devices: 1 (FSDP planning arrives with sharded training).
+        devices: plan per device for FSDP over this many devices (``jaxckpt train
+            --mesh fsdp=D``): ``batch`` is the global batch, split over them; each
+            candidate is compiled over D simulated CPU devices (``measure``).
         optimizer: a key of ``OPTIMIZERS``. device: a ``DEVICES`` name (prices recompute
             and offload). offload: allow host offload (needs ``pinned_host`` to measure).
 
@@ -109,7 +114,7 @@ def plan_memory(
 
     Raises:
         BudgetError: when nothing fits; it gives the minimum peak and what would fit.
-        NotImplementedError: for ``devices > 1``.
+        ValueError: for bad sizes, or a batch the devices do not divide.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -118,17 +123,20 @@ def plan_memory(
         >>> p.measured.peak <= 20 * 2**20
         True
     """
-    if devices != 1:
-        raise NotImplementedError(
-            f"devices={devices}: per-device (FSDP) planning is not implemented yet; plan for one device"
-        )
-    for name, value in (("batch", batch), ("seq", seq), ("micro_batches", micro_batches), ("budget", budget)):
+    for name, value in (
+        ("batch", batch),
+        ("seq", seq),
+        ("micro_batches", micro_batches),
+        ("budget", budget),
+        ("devices", devices),
+    ):
         require_positive_int(name, value, "plan_memory: ")
+    local_batch(batch, devices)  # the error names both numbers
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"plan_memory: headroom must be in [0, 1), got {headroom!r}")
     device = DEVICES[device] if isinstance(device, str) else device
     limit = int(budget * (1 - headroom))
-    size = dict(optimizer=optimizer, micro_batches=micro_batches)
+    size = dict(optimizer=optimizer, micro_batches=micro_batches, devices=devices)
     attempts = []
 
     def try_spec(spec: RematSpec) -> MemoryReport:
@@ -141,7 +149,7 @@ def plan_memory(
 
     def found(spec: RematSpec) -> MemoryPlan:
         c = choice(config, batch, seq, spec, **size)
-        return _plan(config, batch, seq, budget, c, try_spec(spec), minimum, attempts, micro_batches)
+        return _plan(config, batch, seq, budget, c, try_spec(spec), minimum, attempts, micro_batches, devices)
 
     solve_ = lambda target, excluded: solve(
         config, batch, seq, target, device=device, offload=offload, exclude=excluded, **size
@@ -174,7 +182,9 @@ def plan_memory(
     raise BudgetError(_infeasible_message(config, batch, seq, limit, smallest, size), smallest)
 
 
-def _plan(config, batch, seq, budget, c: Choice, measured, minimum, attempts, micro_batches) -> MemoryPlan:
+def _plan(
+    config, batch, seq, budget, c: Choice, measured, minimum, attempts, micro_batches, devices
+) -> MemoryPlan:
     return MemoryPlan(
         spec=c.spec,
         remat=spec_name(c.spec),
@@ -182,7 +192,8 @@ def _plan(config, batch, seq, budget, c: Choice, measured, minimum, attempts, mi
         predicted=c.predicted,
         measured=measured,
         recompute_flops=c.recompute_flops,
-        step_flops=step_flops(config, batch, seq, micro_batches),
+        step_flops=step_flops(config, batch // devices, seq, micro_batches),
+        devices=devices,
         minimum_bytes=minimum,
         attempts=tuple(attempts),
     )
@@ -191,12 +202,12 @@ def _plan(config, batch, seq, budget, c: Choice, measured, minimum, attempts, mi
 def _infeasible_message(config, batch, seq, limit, smallest, size) -> str:
     """What would fit instead: micro-batches, a shorter sequence, another optimizer, more devices."""
     full = lambda b=batch, t=seq, **kw: predict(config, b, t, "full", **{**size, **kw}).total
+    devices = size["devices"]
     hints = []
     for m in (2, 4, 8, 16, 32):
-        if batch % m == 0 and full(batch // m, micro_batches=m * size["micro_batches"]) <= limit:
-            hints.append(
-                f"--batch {batch // m} --micro-batches {m * size['micro_batches']} (same tokens per step)"
-            )
+        b = batch // m
+        if batch % m == 0 and b % devices == 0 and full(b, micro_batches=m * size["micro_batches"]) <= limit:
+            hints.append(f"--batch {b} --micro-batches {m * size['micro_batches']} (same tokens per step)")
             break
     for t in (seq // 2, seq // 4, seq // 8):
         if t >= 1 and full(t) <= limit:
@@ -206,16 +217,16 @@ def _infeasible_message(config, batch, seq, limit, smallest, size) -> str:
         if opt != size["optimizer"] and full(optimizer=opt) <= limit:
             hints.append(f"--optimizer {opt}")
             break
-    params, opt_bytes = state_bytes(config, size["optimizer"])
-    # FSDP shards the state (params, gradients, optimizer) and the update, not the activations
-    sharded = 2 * params + opt_bytes + update_workspace(config, size["optimizer"])
-    unsharded = full(optimizer="sgd") - 2 * params  # SGD: no state, no update workspace
-    shards = math.ceil(sharded / (limit - unsharded)) if unsharded < limit else None
-    if shards and shards > 1:
-        hints.append(f"about {shards} devices with FSDP (sharded training is not implemented yet)")
+    # FSDP splits the state, the update and the batch over the devices
+    more = [d for d in (2, 4, 8, 16, 32, 64, 128, 256) if d > devices and batch % d == 0]
+    fits = next((d for d in more if full(devices=d) <= limit), None)
+    if fits is not None:
+        hints.append(f"--devices {fits} (FSDP: jaxckpt train --mesh fsdp={fits})")
     hint = "; ".join(hints) if hints else "a larger device"
+    params, opt_bytes = state_bytes(config, size["optimizer"], devices)
+    where = "per device " if devices > 1 else ""
     return (
         f"no remat spec fits {format_bytes(limit)}: the smallest peak is {format_bytes(smallest)} "
-        f"(params {format_bytes(params)}, gradients {format_bytes(params)}, optimizer "
+        f"{where}(params {format_bytes(params)}, gradients {format_bytes(params)}, optimizer "
         f"{format_bytes(opt_bytes)} before any activation). What would fit: {hint}"
     )

@@ -10,6 +10,7 @@ parameter (``jaxckpt.nn.logical_axes``; the optimizer's moments inherit them) an
 logical name may be split and whose size ``fsdp`` divides, and replicated when none
 does (scalars, small vectors). The stacked-layer axis is never split: the scan
 slices one layer at a time, and each layer's all-gather stays inside the loop.
+Activations are pinned by ``ACTIVATION_RULES``: split over the batch on every axis.
 """
 
 import math
@@ -35,6 +36,10 @@ LOGICAL_AXIS_RULES = {
     None: "fsdp",  # an axis without a name (a leaf the modules did not create)
 }
 """Logical axis name -> the mesh axis it may be split over (None: never split)."""
+
+ACTIVATION_RULES = {"batch": AXES}
+"""Activation logical axis -> mesh axes (``jaxckpt.nn.constrain``): the batch over every
+axis, as the tokens are; the other activation axes stay whole."""
 
 
 def parse_mesh(text: str) -> dict[str, int]:

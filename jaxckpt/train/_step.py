@@ -9,10 +9,11 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxckpt.nn import activation_sharding
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._distributed import put_global
-from jaxckpt.train._sharding import batch_sharding, replicated, state_shardings
+from jaxckpt.train._sharding import ACTIVATION_RULES, batch_sharding, replicated, state_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +111,14 @@ def loss_and_grads(
     return loss / m, jax.tree.map(lambda g: g / m, grads)
 
 
-def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, spec: RematSpec):
+def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, spec: RematSpec, mesh=None):
     model, optimizer = nnx.merge(graphdef, state)
     model_def, params, rest = nnx.split(model, nnx.Param, ...)
-    loss, grads = loss_and_grads(model_def, params, rest, batch, spec)
+    if mesh is None:
+        loss, grads = loss_and_grads(model_def, params, rest, batch, spec)
+    else:  # activations split over the batch, as the tokens are
+        with activation_sharding(mesh, ACTIVATION_RULES):
+            loss, grads = loss_and_grads(model_def, params, rest, batch, spec)
     optimizer.update(model, grads)
     return nnx.state((model, optimizer)), loss
 
@@ -125,7 +130,7 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
     With a ``mesh``, ``shardings`` (the state's, from ``state_shardings``) pin the
     state in and out, and the batch is split over the mesh (data parallel + FSDP).
     """
-    step = functools.partial(_train_step, graphdef, spec=spec)
+    step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh)
     if mesh is None:
         return jax.jit(step, donate_argnums=0)
     return jax.jit(

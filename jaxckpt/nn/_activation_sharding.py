@@ -1,0 +1,56 @@
+"""Where activations live in a sharded step: logical names on activation axes.
+
+The modules name the axes of the activations they produce (``batch``, ``seq``,
+``embed``, ``heads``, ``head_dim``, ``mlp``, ``vocab``) with ``constrain``. Outside
+``activation_sharding`` that is a no-op. Inside it (``jaxckpt.train`` enters it while
+tracing a step on a mesh) each name is looked up in the rules and the activation is
+pinned with ``jax.lax.with_sharding_constraint``. Without the pins XLA's partitioner
+is free to keep activations whole on every device and split the matmuls along the
+parameters' sharded axes instead, so per-device activation memory would not fall
+with the number of devices.
+"""
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+_ACTIVE: contextvars.ContextVar["tuple[Mesh, dict] | None"] = contextvars.ContextVar(
+    "jaxckpt_activation_sharding", default=None
+)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Mapping[str, "str | tuple[str, ...] | None"]) -> Iterator[None]:
+    """While active, ``constrain`` pins activations to ``mesh`` by ``rules``
+    (logical name -> mesh axis or axes; names not in ``rules`` are not split).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> mesh = jax.make_mesh((1,), ("fsdp",))
+        >>> with activation_sharding(mesh, {"batch": "fsdp"}):
+        ...     y = jax.jit(lambda x: constrain(x, "batch", "embed"))(jnp.ones((2, 3)))
+        >>> y.shape
+        (2, 3)
+    """
+    token = _ACTIVE.set((mesh, dict(rules)))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def constrain(x: jax.Array, *names: str) -> jax.Array:
+    """``x`` with its axes (one logical name each) pinned by the active rules; ``x``
+    itself when no ``activation_sharding`` is active."""
+    active = _ACTIVE.get()
+    if active is None:
+        return x
+    if len(names) != x.ndim:
+        raise ValueError(f"constrain: {len(names)} names {names} for an array of shape {x.shape}")
+    mesh, rules = active
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, PartitionSpec(*(rules.get(n) for n in names)))
+    )
