@@ -4,7 +4,9 @@ activations and step time.
 The devices are simulated (``XLA_FLAGS=--xla_force_host_platform_device_count=8``, set
 below before JAX starts): they share this machine's cores, so the step time says little
 about real scaling; only ratios to D=1 are reported. Memory is XLA's compiled memory
-analysis of the sharded step, per device, which is exact.
+analysis of the sharded step, per device, which is exact; activations are the step's
+temp buffers less the gradients (one device's share of the parameters), and the
+predicted peak is ``plan.predict(..., devices=D)``.
 
     python benchmarks/bench_fsdp.py            # the small config, global batch 8, T=256
     python benchmarks/bench_fsdp.py --quick    # the tiny config, T=64
@@ -24,7 +26,7 @@ from flax import nnx
 from rich.console import Console
 from rich.table import Table
 
-from jaxckpt import nn, train
+from jaxckpt import nn, plan, train
 
 DEVICES = (1, 2, 4, 8)
 MIB = 2**20
@@ -38,15 +40,21 @@ def measure(config: nn.TransformerConfig, devices: int, batch: int, seq: int, st
     batches = train.ByteBatches(train.load_tokens(None), batch, seq, seed=0)
     compiled = trainer.compile(batches.batch_at(0).shape)
     state_bytes = max(train.bytes_per_device(trainer.state).values())
+    params_bytes = max(train.bytes_per_device(nnx.state(trainer.model, nnx.Param)).values())
+    report = train.memory_report(compiled, device_stats=False)
     times, losses = [], []
     for step in range(steps):
         start = time.perf_counter()
         losses.append(float(jax.block_until_ready(trainer.step(batches.batch_at(step)))))
         times.append(time.perf_counter() - start)
+    predicted = plan.predict(config, batch, seq, config.remat, devices=devices)
     return {
         "devices": devices,
         "state_bytes_per_device": state_bytes,
-        "temp_bytes_per_device": int(compiled.memory_analysis().temp_size_in_bytes),
+        "temp_bytes_per_device": report.temp,
+        "activation_bytes_per_device": report.temp - params_bytes,  # temp less the gradients
+        "peak_bytes_per_device": report.peak,
+        "predicted_peak_bytes_per_device": predicted.total,
         "step_seconds": statistics.median(times[1:] or times),
         "losses": losses,
     }
@@ -55,14 +63,28 @@ def measure(config: nn.TransformerConfig, devices: int, batch: int, seq: int, st
 def table(rows: list[dict]) -> Table:
     base = rows[0]
     out = Table(title="FSDP on simulated CPU devices (same global batch; times: ratios only)")
-    for column in ("D", "state / device MiB", "x D=1", "temp / device MiB", "step time x D=1", "loss step 0"):
+    columns = (
+        "D",
+        "params+opt / device MiB",
+        "x D=1",
+        "activations / device MiB",
+        "x D=1",
+        "peak MiB (XLA)",
+        "peak MiB (predicted)",
+        "step time x D=1",
+        "loss step 0",
+    )
+    for column in columns:
         out.add_column(column, justify="right")
     for r in rows:
         out.add_row(
             str(r["devices"]),
             f"{r['state_bytes_per_device'] / MIB:.1f}",
             f"{r['state_bytes_per_device'] / base['state_bytes_per_device']:.3f}",
-            f"{r['temp_bytes_per_device'] / MIB:.1f}",
+            f"{r['activation_bytes_per_device'] / MIB:.1f}",
+            f"{r['activation_bytes_per_device'] / base['activation_bytes_per_device']:.3f}",
+            f"{r['peak_bytes_per_device'] / MIB:.1f}",
+            f"{r['predicted_peak_bytes_per_device'] / MIB:.1f}",
             f"{r['step_seconds'] / base['step_seconds']:.2f}",
             f"{r['losses'][0]:.6f}",
         )
