@@ -76,6 +76,18 @@ def planning(cfg, trainer) -> dict:
         "remat": chosen.remat,
         "devices": chosen.devices,
     }
+    # remat="auto" on a mesh plans per device, and the step that trains is the one it measured
+    auto_cfg = cfg.replace(remat="auto", budget=budget)
+    auto = train.train(auto_cfg, steps=1, batch=8, seq=16, mesh="fsdp=8", progress=False)
+    out["auto"] = {
+        "devices": auto.plan.devices,
+        "peak": auto.memory.peak,
+        "planned_peak": auto.plan.measured.peak,
+    }
+    try:
+        train.train(auto_cfg, steps=1, batch=8, seq=16, mesh="data=2,fsdp=4", progress=False)
+    except ValueError as err:
+        out["auto_data_axis_error"] = str(err)
     return out
 
 

@@ -58,6 +58,9 @@ def test_per_device_planning_matches_xla_and_the_trainer(report):
     )
     chosen = planning["plan"]
     assert chosen["devices"] == 8 and chosen["peak"] <= chosen["budget"]
+    assert planning["auto"]["devices"] == 8
+    assert planning["auto"]["peak"] == planning["auto"]["planned_peak"] <= chosen["budget"]
+    assert "plans per device for FSDP meshes" in planning["auto_data_axis_error"]
 
 
 def test_mesh_arguments_are_checked():

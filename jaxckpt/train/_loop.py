@@ -154,16 +154,17 @@ def train(
         raise ValueError("--resume needs --checkpoint-dir")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     batches = ByteBatches(load_tokens(data), batch, seq, seed=seed, micro_batches=micro_batches)
-    plan = None
-    if config.remat == AUTO:
-        from jaxckpt.plan import plan_memory  # the planner compiles train steps: imported here
-
-        plan = plan_memory(config, batch, seq, config.budget, micro_batches=micro_batches)
-        config = config.replace(remat=plan.spec)
     if mesh is None:
         mesh = default_mesh_axes()
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
         mesh = make_mesh(mesh)
+    plan = None
+    if config.remat == AUTO:
+        from jaxckpt.plan import plan_memory  # the planner compiles train steps: imported here
+
+        devices = _planned_devices(mesh)
+        plan = plan_memory(config, batch, seq, config.budget, micro_batches=micro_batches, devices=devices)
+        config = config.replace(remat=plan.spec)
     trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(batches.batch_at(0).shape))
@@ -184,6 +185,19 @@ def train(
     if directory is not None and records:
         _save(directory, steps, trainer.state, meta)
     return TrainRun(records, memory, trainer, plan)
+
+
+def _planned_devices(mesh) -> int:
+    """The FSDP device count ``remat="auto"`` plans for: the planner models ``fsdp=D``
+    meshes (the state split D ways, the batch too), so a ``data`` axis is refused."""
+    if mesh is None:
+        return 1
+    if mesh.shape.get("data", 1) != 1:
+        raise ValueError(
+            f"--remat auto plans per device for FSDP meshes (fsdp=N); --mesh {dict(mesh.shape)} has "
+            "a data axis: use --mesh fsdp=N, or pick --remat explicitly"
+        )
+    return mesh.size
 
 
 def _run_steps(trainer, batches, start, steps, progress, memory, directory, every, meta) -> list[dict]:
