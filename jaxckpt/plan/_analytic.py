@@ -30,7 +30,7 @@ from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import OPTIMIZERS, abstract_train_state, tree_bytes
-from jaxckpt.plan._sharded import sharded_bytes
+from jaxckpt.plan._sharded import local_batch, sharded_bytes
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 from jaxckpt.remat._tags import PROJECTIONS
@@ -114,17 +114,6 @@ def head_working_set(config: TransformerConfig, batch: int, seq: int, devices: i
     n = batch * seq
     gathered = 2 * config.vocab_size * config.d_model * config.storage_dtype.itemsize if devices > 1 else 0
     return n * config.vocab_size * (config.compute_dtype.itemsize + 8) + gathered
-
-
-def local_batch(batch: int, devices: int) -> int:
-    """One device's share of ``batch`` under FSDP; the error names both numbers."""
-    require_positive_int("devices", devices, "predict: ")
-    if batch % devices:
-        raise ValueError(
-            f"batch {batch} must be a multiple of devices={devices}: FSDP gives each device an "
-            f"equal share of the batch (e.g. batch {devices * max(1, batch // devices)})"
-        )
-    return batch // devices
 
 
 def predict(

@@ -3,9 +3,10 @@
 import dataclasses
 
 from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import Prediction, local_batch, predict, saved_tags
+from jaxckpt.plan._analytic import Prediction, predict, saved_tags
 from jaxckpt.plan._devices import DevicePreset
 from jaxckpt.plan._layer_graph import layer_graph
+from jaxckpt.plan._sharded import local_batch
 from jaxckpt.remat import PRESETS, RematSpec
 from jaxckpt.remat import get as get_remat
 

@@ -21,12 +21,12 @@ from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._analytic import (
     head_working_set,
     layer_working_set,
-    local_batch,
     predict,
     update_workspace,
 )
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
+from jaxckpt.plan._sharded import local_batch
 from jaxckpt.remat import RematSpec, Tag
 
 

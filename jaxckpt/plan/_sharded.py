@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh
 
+from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import RematSpec
 from jaxckpt.train import MemoryReport, jit_train_step, make_mesh, memory_report, state_shardings
@@ -64,6 +65,22 @@ def sharded_bytes(state, devices: int) -> int:
     return total
 
 
+def local_batch(batch: int, devices: int) -> int:
+    """One device's share of ``batch`` under FSDP; the error names both numbers.
+
+    Example:
+        >>> local_batch(8, 4)
+        2
+    """
+    require_positive_int("devices", devices)
+    if batch % devices:
+        raise ValueError(
+            f"batch {batch} must be a multiple of devices={devices}: FSDP gives each device an "
+            f"equal share of the batch (e.g. batch {devices * max(1, batch // devices)})"
+        )
+    return batch // devices
+
+
 def measure_sharded(
     config: TransformerConfig,
     batch: int,
@@ -83,11 +100,7 @@ def measure_sharded(
         ValueError: when ``batch`` is not a multiple of ``devices``.
         RuntimeError: when the subprocess fails (its error output is included).
     """
-    if batch % devices:
-        raise ValueError(
-            f"batch {batch} must be a multiple of devices={devices}: FSDP gives each device "
-            f"an equal share of the batch (try batch {devices * max(1, batch // devices)})"
-        )
+    local_batch(batch, devices)
     if len(jax.devices()) >= devices:
         return _compile(config, batch, seq, spec, optimizer, micro_batches, devices)
     return _in_subprocess(config, batch, seq, spec, optimizer, micro_batches, devices)
@@ -95,11 +108,13 @@ def measure_sharded(
 
 @functools.lru_cache(maxsize=64)
 def _in_subprocess(config, batch, seq, spec, optimizer, micro_batches, devices) -> MemoryReport:
+    from jaxckpt.plan._cost import spec_dict  # it imports this module (through _analytic)
+
     request = {
         "config": config.to_dict(),
         "batch": batch,
         "seq": seq,
-        "spec": _spec_to_json(spec),
+        "spec": spec_dict(spec),
         "optimizer": optimizer,
         "micro_batches": micro_batches,
         "devices": devices,
@@ -128,16 +143,6 @@ def _in_subprocess(config, batch, seq, spec, optimizer, micro_batches, devices) 
         )
     fields = {f.name for f in dataclasses.fields(MemoryReport)}
     return MemoryReport(**{k: v for k, v in json.loads(done.stdout.splitlines()[-1]).items() if k in fields})
-
-
-def _spec_to_json(spec: RematSpec) -> dict:
-    return {
-        "save": sorted(map(str, spec.save)),
-        "offload": sorted(map(str, spec.offload)),
-        "layers_per_checkpoint": spec.layers_per_checkpoint,
-        "save_dots": spec.save_dots,
-        "enabled": spec.enabled,
-    }
 
 
 @functools.lru_cache(maxsize=64)

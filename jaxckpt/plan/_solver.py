@@ -12,11 +12,12 @@ import dataclasses
 from jaxckpt._checks import require_positive_int
 from jaxckpt._sizes import format_bytes
 from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import Prediction, local_batch, predict, state_bytes
+from jaxckpt.plan._analytic import Prediction, predict, state_bytes
 from jaxckpt.plan._cost import Choice, choice, spec_dict, spec_name, step_flops
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._measure import measure
 from jaxckpt.plan._milp import solve
+from jaxckpt.plan._sharded import local_batch
 from jaxckpt.remat import PRESETS, RematSpec
 from jaxckpt.train import MemoryReport
 
