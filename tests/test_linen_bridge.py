@@ -19,9 +19,11 @@ What to know:
 - Do not pass ``rngs=``: ``ToLinen`` builds ``Transformer(cfg, rngs=nnx.Rngs(params=...))``
   from Linen's own ``"params"`` stream, so the weights are not those of
   ``Transformer(cfg, rngs=nnx.Rngs(0))`` even for ``jax.random.key(0)``.
-- ``variables["params"]`` is exactly ``nnx.to_pure_dict(nnx.state(model, nnx.Param))``
-  (plain arrays, the block stack with its leading layer axis), so weights move freely
-  both ways: ``lm.apply({"params": ...}, tokens)`` serves a trained NNX model, and
+- ``init`` returns each parameter boxed in an ``NNXMeta`` that carries its logical axis
+  names (``logical_axes``, the names ``jaxckpt.train`` shards by). ``linen.meta.unbox``
+  gives plain arrays: exactly ``nnx.to_pure_dict(nnx.state(model, nnx.Param))`` (the block
+  stack with its leading layer axis), so weights move freely both ways:
+  ``lm.apply({"params": ...}, tokens)`` serves a trained NNX model, and
   ``nnx.update(model, variables["params"])`` brings Linen-trained weights back.
 - ``apply`` rebuilds the NNX module (initialising it with ``nnx.Rngs(default=0)``) and
   overwrites its weights: jit it, so XLA drops that throwaway initialisation.
@@ -63,8 +65,19 @@ def lm() -> linen.Module:
 
 
 @pytest.fixture(scope="module")
-def variables(lm):
+def boxed(lm):
     return jax.jit(lm.init)(jax.random.key(0), TOKENS)
+
+
+@pytest.fixture(scope="module")
+def variables(boxed):
+    return linen.meta.unbox(boxed)
+
+
+def test_init_boxes_carry_the_logical_axes(boxed):
+    kernel = boxed["params"]["blocks"]["attn"]["q_proj"]["kernel"]
+    assert isinstance(kernel, bridge.NNXMeta)
+    assert kernel.metadata["logical_axes"] == ("embed", "heads")  # the layer axis added by the stack
 
 
 def test_linen_init_and_apply(lm, variables):
@@ -121,7 +134,7 @@ class TemperatureLM(linen.Module):
 
 
 def test_as_a_linen_submodule(variables):
-    shapes = jax.eval_shape(TemperatureLM(CFG).init, jax.random.key(0), TOKENS)["params"]  # abstract
+    shapes = linen.meta.unbox(jax.eval_shape(TemperatureLM(CFG).init, jax.random.key(0), TOKENS))["params"]
     assert set(shapes) == {"lm", "temperature"}
     nnx_shapes = jax.tree.map(lambda a: (a.shape, a.dtype), variables["params"])
     assert jax.tree.map(lambda a: (a.shape, a.dtype), shapes["lm"]) == nnx_shapes

@@ -29,7 +29,7 @@ def activation_sharding(mesh: Mesh, rules: Mapping[str, "str | tuple[str, ...] |
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> mesh = jax.make_mesh((1,), ("fsdp",))
+        >>> mesh = jax.make_mesh((1,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
         >>> with activation_sharding(mesh, {"batch": "fsdp"}):
         ...     y = jax.jit(lambda x: constrain(x, "batch", "embed"))(jnp.ones((2, 3)))
         >>> y.shape
