@@ -14,9 +14,9 @@ is at least that (the buffers are reused). ``korthikanti_bytes`` is the publishe
 baseline the model is checked against.
 
 Over ``devices`` (FSDP, ``jaxckpt train --mesh fsdp=D``) each device holds its
-shards of the state and of the update and runs ``batch / D`` sequences; it gathers
-one layer's parameters at a time (within the layer working set) and the output
-head whole (added to the head's working set).
+shards of the state and of the update and runs ``batch / D`` sequences; the output
+head's gathered weights and their gradient are added to the head's working set (a
+layer's gathered parameters add nothing measurable: see ``layer_working_set``).
 """
 
 import dataclasses
@@ -85,19 +85,18 @@ def update_workspace(config: TransformerConfig, optimizer: str = "adamw", device
     return sharded_bytes(params, devices)
 
 
-def layer_working_set(config: TransformerConfig, batch: int, seq: int, devices: int = 1) -> int:
+def layer_working_set(config: TransformerConfig, batch: int, seq: int) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
     Its recomputed residuals, its weight-gradient slice, two cotangents of width F
-    and two of width D, and one attention tile; ``batch`` is one device's. Over
-    ``devices`` nothing is added for the layer's gathered parameters: measured on
-    ``tiny`` and ``small`` over 2-8 devices, XLA's peak stays within 6% of this
-    (the gathered copy lives while the weight-gradient slice does not, and vice versa).
+    and two of width D, and one attention tile; ``batch`` is one device's. Under FSDP
+    nothing is added for the layer's gathered parameters: with it the prediction was
+    one layer's parameters over XLA's peak (small, 8 devices); without it, ``tiny``
+    and ``small`` over 2-8 devices are within 6% of XLA.
     """
     graph = layer_graph(config, batch, seq)
     n, e = batch * seq, config.compute_dtype.itemsize
     cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
-    del devices  # see above
     return graph.working_residual_bytes() + layer_param_bytes(config) + cotangents + graph.attention_tile
 
 
@@ -150,7 +149,7 @@ def predict(
     params, opt = state_bytes(config, optimizer, devices)
     graph = layer_graph(config, batch, seq)
     stored = stored_bytes(graph, spec, config.n_layers)
-    layer = layer_working_set(config, batch, seq, devices)
+    layer = layer_working_set(config, batch, seq)
     if spec.enabled:  # what a layer keeps is not recomputed, so not held twice
         layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
         if config.n_layers > spec.layers_per_checkpoint > 1:

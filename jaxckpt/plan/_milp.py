@@ -118,7 +118,7 @@ def solve(
     tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
     fixed = base.params + base.grads + base.optimizer + base.inputs
     x = graph.values["x"].nbytes
-    working = layer_working_set(config, batch, seq, devices)
+    working = layer_working_set(config, batch, seq)
     head = head_working_set(config, batch, seq, devices)
     n = config.n_layers
     room = budget - fixed
