@@ -14,7 +14,7 @@ LOGICAL_AXES = "logical_axes"
 The names (``vocab``, ``positions``, ``embed``, ``heads``, ``kv_heads``, ``mlp``)
 say what an axis means, not where it lives; ``jaxckpt.train``'s logical axis rules
 map them to mesh axes. Stacked layers add leading axes, named ``layers`` (see
-(``logical_axes``).
+``logical_axes``).
 """
 
 LAYERS = "layers"
