@@ -12,10 +12,17 @@ from flax import nnx
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig
-from jaxckpt.plan._sharded import measure_sharded
+from jaxckpt.plan._sharded import fsdp_mesh_shape, measure_sharded, sharded_bytes
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
-from jaxckpt.train import MemoryReport, OptimizerConfig, jit_train_step, memory_report
+from jaxckpt.train import (
+    MemoryReport,
+    OptimizerConfig,
+    jit_train_step,
+    make_mesh,
+    memory_report,
+    state_shardings,
+)
 
 OPTIMIZERS = MappingProxyType(
     {
@@ -105,17 +112,33 @@ def measure(
 
 @functools.lru_cache(maxsize=128)
 def _measure(
-    config: TransformerConfig, batch: int, seq: int, spec: RematSpec, optimizer: str, micro_batches: int
+    config: TransformerConfig,
+    batch: int,
+    seq: int,
+    spec: RematSpec,
+    optimizer: str,
+    micro_batches: int,
+    devices: int = 1,
 ) -> MemoryReport:
-    """``measure`` after validation; the same step is compiled once per process."""
+    """``measure`` after validation, compiled in this process (which has ``devices``
+    devices); the same step is compiled once per process. ``devices > 1``: the FSDP step
+    over ``fsdp=devices``, its state given as ``ShapeDtypeStruct``s with their shardings."""
     model, opt = abstract_train_state(config, optimizer)
     graphdef, state = nnx.split((model, opt))
     tokens = jax.ShapeDtypeStruct((micro_batches, batch, seq + 1), jnp.int32)
-    compiled = jit_train_step(graphdef, spec).lower(state, tokens).compile()
-    params = tree_bytes(nnx.state(model, nnx.Param))
+    if devices == 1:
+        step = jit_train_step(graphdef, spec)
+    else:
+        mesh = make_mesh(fsdp_mesh_shape(devices), devices=jax.devices()[:devices])
+        shardings = state_shardings(state, mesh)
+        state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+        )
+        step = jit_train_step(graphdef, spec, shardings, mesh)
+    params = sharded_bytes(nnx.state(model, nnx.Param), devices)
     return dataclasses.replace(
-        memory_report(compiled, device_stats=False),
+        memory_report(step.lower(state, tokens).compile(), device_stats=False),
         params=params,
-        optimizer=tree_bytes(nnx.state(opt)),
+        optimizer=sharded_bytes(nnx.state(opt), devices),
         grads=params,
     )

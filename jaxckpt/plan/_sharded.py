@@ -1,9 +1,11 @@
 """Per-device figures of an FSDP train step over D devices, compiled by XLA.
 
 The step is the one ``jaxckpt train --mesh fsdp=D`` runs: the train state split by
-``jaxckpt.train.state_shardings``, the batch split over the devices. It is compiled
-from abstract inputs (``ShapeDtypeStruct``s with shardings), so nothing is
-allocated; XLA's memory analysis of an SPMD program describes one device.
+``jaxckpt.train.state_shardings``, the batch split over the devices. ``plan.measure``
+compiles it from abstract inputs (``ShapeDtypeStruct``s with shardings), so nothing
+is allocated; XLA's memory analysis of an SPMD program describes one device. This
+module holds what FSDP does to sizes (``sharded_bytes``, ``local_batch``) and where
+the compile runs (``measure_sharded``).
 
 Compiling needs D devices. When this process has fewer (JAX fixes the CPU device
 count when it starts), the step is compiled in a fresh Python process with
@@ -23,13 +25,12 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jax.sharding import AbstractMesh
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import RematSpec
-from jaxckpt.train import MemoryReport, jit_train_step, make_mesh, memory_report, state_shardings
+from jaxckpt.train import MemoryReport, state_shardings
 from jaxckpt.train._sharding import AXES
 
 WORKER_TIMEOUT = 1800
@@ -102,7 +103,9 @@ def measure_sharded(
     """
     local_batch(batch, devices)
     if len(jax.devices()) >= devices:
-        return _compile(config, batch, seq, spec, optimizer, micro_batches, devices)
+        from jaxckpt.plan._measure import _measure  # it imports this module
+
+        return _measure(config, batch, seq, spec, optimizer, micro_batches, devices)
     return _in_subprocess(config, batch, seq, spec, optimizer, micro_batches, devices)
 
 
@@ -145,32 +148,14 @@ def _in_subprocess(config, batch, seq, spec, optimizer, micro_batches, devices) 
     return MemoryReport(**{k: v for k, v in json.loads(done.stdout.splitlines()[-1]).items() if k in fields})
 
 
-@functools.lru_cache(maxsize=64)
-def _compile(config, batch, seq, spec, optimizer, micro_batches, devices) -> MemoryReport:
-    from jaxckpt.plan._measure import abstract_train_state  # it imports this module
-
-    model, opt = abstract_train_state(config, optimizer)
-    graphdef, state = nnx.split((model, opt))
-    mesh = make_mesh(fsdp_mesh_shape(devices), devices=jax.devices()[:devices])
-    shardings = state_shardings(state, mesh)
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
-    tokens = jax.ShapeDtypeStruct((micro_batches, batch, seq + 1), jnp.int32)
-    compiled = jit_train_step(graphdef, spec, shardings, mesh).lower(state, tokens).compile()
-    params = sharded_bytes(nnx.state(model, nnx.Param), devices)
-    return dataclasses.replace(
-        memory_report(compiled, device_stats=False),
-        params=params,
-        optimizer=sharded_bytes(nnx.state(opt), devices),
-        grads=params,
-    )
-
-
 def _worker() -> None:
     request = json.loads(sys.stdin.read())
     config = TransformerConfig.from_dict(request["config"])
     spec = RematSpec(**request["spec"])
     args = (request["batch"], request["seq"], spec, request["optimizer"], request["micro_batches"])
-    report = _compile(config, *args, request["devices"])
+    from jaxckpt.plan._measure import _measure  # it imports this module
+
+    report = _measure(config, *args, request["devices"])
     print(json.dumps(report.to_dict()))
 
 
