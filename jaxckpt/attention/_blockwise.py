@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.custom_derivatives import SymbolicZero
 
+from jaxckpt._tags import Tag
 from jaxckpt.attention import _dropout
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._blockwise_bwd import backward, backward_tiles
@@ -28,7 +29,6 @@ from jaxckpt.attention._tiles import (
     to_tiles,
 )
 from jaxckpt.attention._validate import AttentionInputs, MaskArrays
-from jaxckpt.remat._tags import Tag
 
 
 @functools.partial(

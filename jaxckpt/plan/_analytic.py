@@ -27,13 +27,13 @@ import jax
 from flax import nnx
 
 from jaxckpt._checks import require_positive_int
+from jaxckpt._tags import PROJECTIONS
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import OPTIMIZERS, abstract_train_state, tree_bytes
 from jaxckpt.plan._sharded import local_batch, sharded_bytes
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
-from jaxckpt.remat._tags import PROJECTIONS
 
 
 @dataclasses.dataclass(frozen=True)

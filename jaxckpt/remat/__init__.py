@@ -10,11 +10,11 @@ Example:
     ['attn_lse', 'attn_out']
 """
 
+from jaxckpt._tags import Tag
 from jaxckpt.remat._by_cost import by_cost, tag_flops_per_byte
 from jaxckpt.remat._describe import RematReport, Residual, describe
 from jaxckpt.remat._presets import AUTO, PRESETS, get
 from jaxckpt.remat._spec import RematSpec, has_pinned_host, require_pinned_host
-from jaxckpt.remat._tags import Tag
 
 __all__ = [
     "AUTO",

@@ -7,8 +7,8 @@ would occupy, exceed ``threshold``. The rule looks at one tag at a time; the pla
 (``benchmarks/bench_planner.py``).
 """
 
+from jaxckpt._tags import Tag
 from jaxckpt.remat._spec import RematSpec
-from jaxckpt.remat._tags import Tag
 
 
 def tag_flops_per_byte(config, seq: int) -> dict[Tag, float]:

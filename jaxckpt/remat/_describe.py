@@ -1,16 +1,14 @@
 """``describe``: the residuals JAX really saves for the backward pass under a spec."""
 
 import dataclasses
-import math
 import re
 from collections.abc import Callable
 from typing import Protocol
 
-from jax._src.ad_checkpoint import saved_residuals
-
+from jaxckpt._tags import Tag
 from jaxckpt.remat._presets import get
+from jaxckpt.remat._residuals import SavedResidual, saved_residuals
 from jaxckpt.remat._spec import RematSpec
-from jaxckpt.remat._tags import Tag
 
 _NAMED = re.compile(r"named '([^']+)'")
 _WHERE = re.compile(r" from \S+ \((.+)\)$")
@@ -82,7 +80,8 @@ class RematReport:
         return "\n".join(lines)
 
 
-def _residual(aval, src: str, spec: RematSpec, count: int) -> Residual | None:
+def _residual(saved: SavedResidual, spec: RematSpec, count: int) -> Residual | None:
+    src = saved.src
     if src.startswith("from the argument"):
         if not src.startswith("from the argument x"):
             return None  # a parameter, not an activation
@@ -92,10 +91,8 @@ def _residual(aval, src: str, spec: RematSpec, count: int) -> Residual | None:
         tag = Tag(named.group(1)) if named and named.group(1) in Tag._value2member_map_ else None
         where = _WHERE.search(src)
         what = src.split(" from ")[0] + (f" ({where.group(1)})" if where else "")
-    shape = tuple(aval.shape)
-    nbytes = math.prod(shape) * aval.dtype.itemsize
     place = "host" if tag in spec.offload else "device"
-    return Residual(tag, what, shape, str(aval.dtype), nbytes, count, place)
+    return Residual(tag, what, saved.shape, str(saved.dtype), saved.nbytes, count, place)
 
 
 def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpec") -> RematReport:
@@ -131,8 +128,8 @@ def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpe
         raise ValueError(f"describe: batch must be (B, T) or a [B, T] token array, got {batch!r}")
     rows = []
     for fn, args, count in model.remat_segments(shape[0], shape[1], analysed):
-        for aval, src in saved_residuals(fn, *args):
-            row = _residual(aval, src, spec, count)
+        for saved in saved_residuals(fn, *args):
+            row = _residual(saved, spec, count)
             if row is not None:
                 rows.append(row)
     return RematReport(spec, tuple(rows))

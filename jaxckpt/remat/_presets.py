@@ -2,8 +2,8 @@
 
 from types import MappingProxyType
 
+from jaxckpt._tags import ATTENTION_RESIDUALS, PROJECTIONS, QKV
 from jaxckpt.remat._spec import RematSpec
-from jaxckpt.remat._tags import ATTENTION_RESIDUALS, PROJECTIONS, QKV
 
 _MINIMAL = PROJECTIONS | ATTENTION_RESIDUALS
 

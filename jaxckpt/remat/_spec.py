@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterable
 
 import jax
 
-from jaxckpt.remat._tags import Tag
+from jaxckpt._tags import Tag
 
 Policy = Callable[..., object]
 

@@ -2,7 +2,9 @@
 
 A remat policy refers to activations by these names, so a tag string is written
 exactly once, here. The attention kernels place ``ATTN_OUT`` and ``ATTN_LSE``;
-the ``jaxckpt.nn`` modules place the others.
+the ``jaxckpt.nn`` modules place the others. This module is on the ground floor
+(it imports no layer), so the kernels can tag without importing ``jaxckpt.remat``,
+which re-exports :class:`Tag`.
 """
 
 import enum
