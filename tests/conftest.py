@@ -17,6 +17,9 @@ from hypothesis import HealthCheck, Phase, settings
 
 # House style: an implicit rank promotion is a bug (it hides axis mix-ups).
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Eight CPU devices in every test process, so that sharded tests (FSDP, shard_map) run
+# here instead of in a subprocess; unsharded code runs on the first one.
+jax.config.update("jax_num_cpu_devices", 8)
 # Deliberately NOT set: jax_enable_checks (too slow) and
 # jax_default_matmul_precision="highest" (kernels must pass at default precision).
 
