@@ -1,10 +1,11 @@
 # The two commands of the README: `make run` (the main job) and `make test` (the whole suite).
+# `make test-fast` is the edit loop: no `slow` tests, no notebooks (under 3 minutes on 2 cores).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test test-fast lint bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,9 +24,15 @@ run: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt torch_bridge npu_backend
 
 test: lint
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt torch_bridge npu_backend
+	$(PYTEST)
+
+test-fast: lint
+	$(PYTEST) -m "not slow"
 
 # The XLA FFI attention library of npu_backend (npu_backend/ffi/build/). Rebuilds only when
 # its sources change; with no C++ compiler it says so and exits 0 (the FFI tests then skip).
@@ -33,7 +40,7 @@ test: lint
 ffi: setup
 	$(PY) npu_backend/ffi/build.py
 
-test: ffi
+test test-fast: ffi
 
 bench: setup
 	$(PY) benchmarks/bench_attention.py
