@@ -5,6 +5,8 @@ import json
 import pytest
 
 from jaxckpt.cli import main
+from jaxckpt.cli._flags import flag_message
+from jaxckpt.cli._main import build_parser
 
 
 def test_info_json_lists_implementations(capsys):
@@ -32,7 +34,7 @@ def test_unknown_subcommand_exits_with_usage(capsys):
 def test_compare_json_schema(capsys):
     argv = [
         "compare",
-        "--config",
+        "--model",
         "tiny",
         "--layers",
         "1",
@@ -96,3 +98,59 @@ def test_bad_input_exits_with_a_clear_error(capsys, argv, message):
         main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_compare_takes_model_and_its_config_alias():
+    parser = build_parser()
+    for flag in ("--model", "--config"):
+        assert parser.parse_args(["compare", flag, "gpt2"]).model == "gpt2"
+    assert parser.parse_args(["compare"]).model == "tiny"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["compare", "--steps", "0"], "jaxckpt compare: error: --steps 0 must be a positive int"),
+        (["compare", "--seq", "5000"], "--seq 5000 exceeds the model's config.max_len=1024"),
+        (["compare", "--model", "huge"], "unknown config preset 'huge'"),
+        (["train", "--mesh", "tensor=2", "--steps", "1"], "--mesh 'tensor=2': unknown axis 'tensor'"),
+        (["train", "--batch", "0", "--steps", "1"], "ByteBatches: --batch 0 must be positive"),
+    ],
+)
+def test_library_errors_name_the_flag(capsys, argv, message):
+    """The library names the Python argument (``steps=0``); the command line, its flag."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        ("steps=0 must be a positive int", "--steps 0 must be a positive int"),
+        ("process_id=3 must be < num_processes=2", "--process-id 3 must be < --num-processes 2"),
+        ("resume=True needs checkpoint_dir=", "--resume needs --checkpoint-dir"),
+        ("init_from='x' does not exist", "--init-from 'x' does not exist"),
+        ("pass force=True to replace it", "pass --force to replace it"),
+        ("mesh={'data': 2} needs 2 devices", "--mesh {'data': 2} needs 2 devices"),
+        (
+            "needs an explicit checkpoint_dir= (a directory)",
+            "needs an explicit --checkpoint-dir (a directory)",
+        ),
+        # Left alone: bare words, attributes, other names, comparisons.
+        ("use a smaller seq", "use a smaller seq"),
+        ("config.max_len=9 and q.shape=(1, 2)", "config.max_len=9 and q.shape=(1, 2)"),
+        ("sub_steps=3, steps==3, num_steps=1", "sub_steps=3, steps==3, num_steps=1"),
+    ],
+)
+def test_flag_message_rewrites_argument_names(message, expected):
+    assert flag_message(message) == expected
+
+
+def test_flag_message_takes_a_subcommand_table():
+    assert (
+        flag_message("config='c.json' and steps=1", {"config": "--config"}) == "--config 'c.json' and steps=1"
+    )
+    assert flag_message("steps=1", {}) == "steps=1"

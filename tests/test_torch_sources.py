@@ -363,7 +363,7 @@ def test_atomic_output_existing_needs_force(tmp_path, monkeypatch):
     out.mkdir()
     (out / "old.txt").write_text("old")
     entered = False
-    with pytest.raises(FileExistsError, match=r"out already exists; pass --force"), atomic_output(out):
+    with pytest.raises(FileExistsError, match=r"out already exists; pass force=True"), atomic_output(out):
         entered = True
     assert not entered and os.listdir(out) == ["old.txt"]
     with pytest.raises(RuntimeError), atomic_output(out, force=True) as tmp:
@@ -392,7 +392,7 @@ def test_atomic_output_files(tmp_path):
     with atomic_output(out, is_dir=False) as tmp:
         assert not tmp.exists()
         tmp.write_text("one")
-    with pytest.raises(FileExistsError, match="--force"), atomic_output(out, is_dir=False):
+    with pytest.raises(FileExistsError, match="force=True"), atomic_output(out, is_dir=False):
         pass
     with atomic_output(out, force=True, is_dir=False) as tmp:
         tmp.write_text("two")

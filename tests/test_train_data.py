@@ -56,7 +56,9 @@ def test_load_tokens_errors(tmp_path):
     missing = tmp_path / "nope.txt"
     with pytest.raises(FileNotFoundError, match=r"nope\.txt") as err:
         load_tokens(missing)
-    assert "--data expects a text file" in str(err.value)
+    assert str(err.value).startswith("path=") and "give a text file" in str(err.value)
+    with pytest.raises(FileNotFoundError, match=r"^data='.*nope\.txt' does not exist"):
+        load_tokens(missing, name="data")  # a caller's own name for the argument (train's data=)
     with pytest.raises(ValueError, match="directory"):
         load_tokens(tmp_path)
     empty = tmp_path / "empty.txt"
@@ -126,14 +128,14 @@ def test_seq_too_long_names_seq_and_corpus_length():
 @pytest.mark.parametrize(
     ("kw", "exc", "pattern"),
     [
-        ({"batch": 0}, ValueError, "batch must be positive"),
-        ({"batch": -3}, ValueError, "batch must be positive"),
-        ({"batch": 2.5}, TypeError, "batch must be an int"),
-        ({"batch": True}, TypeError, "batch must be an int"),
-        ({"seq": 0}, ValueError, "seq must be positive"),
-        ({"micro_batches": 0}, ValueError, "micro_batches must be positive"),
-        ({"micro_batches": "5"}, TypeError, "micro_batches must be an int"),
-        ({"seed": -1}, ValueError, "seed must be >= 0"),
+        ({"batch": 0}, ValueError, "batch=0 must be positive"),
+        ({"batch": -3}, ValueError, "batch=-3 must be positive"),
+        ({"batch": 2.5}, TypeError, "batch=2.5 must be an int"),
+        ({"batch": True}, TypeError, "batch=True must be an int"),
+        ({"seq": 0}, ValueError, "seq=0 must be positive"),
+        ({"micro_batches": 0}, ValueError, "micro_batches=0 must be positive"),
+        ({"micro_batches": "5"}, TypeError, "micro_batches='5' must be an int"),
+        ({"seed": -1}, ValueError, "seed=-1 must be >= 0"),
     ],
 )
 def test_bad_sizes(kw, exc, pattern):

@@ -28,6 +28,17 @@ from torch_bridge._writers import atomic_output, write_torch_file
 
 SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
 
+FLAGS = {
+    "allow_missing": "--allow-missing",
+    "arch": "--arch",
+    "config": "--config",
+    "dtype": "--dtype",
+    "max_shard_size": "--max-shard-size",
+    "num_heads": "--num-heads",
+}
+"""torch_bridge's argument names -> ``convert``'s flags, added to ``jaxckpt.cli``'s shared
+table (which has ``force``) when ``jaxckpt`` turns a library error into a message."""
+
 
 def add_parser(sub) -> None:
     """Registers ``convert`` on the ``jaxckpt`` subcommand parser ``sub``."""
@@ -44,13 +55,17 @@ def add_parser(sub) -> None:
     p.add_argument("--arch", default="auto", choices=("auto", *ARCHITECTURES), help="default: the config's")
     p.add_argument("--to", default="jax", choices=("jax", "torch"), help="direction (default: jax)")
     p.add_argument("--dtype", choices=tuple(DTYPES), help="cast the parameters (default: keep them)")
-    p.add_argument("--config", help="config.json for a single state_dict file (a Hugging Face config)")
+    p.add_argument(
+        "--config",
+        metavar="CONFIG_JSON",
+        help="a Hugging Face config.json, for a single state_dict file (not a model preset)",
+    )
     p.add_argument("--num-heads", type=int, help="attention heads of a seed block (its .pt cannot say)")
     p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size for --to torch")
     p.add_argument("--allow-missing", action="store_true", help="keep missing parameters at zero")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, flags=FLAGS)
 
 
 @contextmanager

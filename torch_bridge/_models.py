@@ -150,8 +150,8 @@ def _resolve_config(path, source, config, arch, dtype) -> tuple[Architecture, Tr
         config = find_config(path)
         if config is None:
             raise ValueError(
-                f"{path}: a single state_dict file needs an explicit config "
-                "(config= a Hugging Face config.json or a TransformerConfig; --config on the CLI)"
+                f"{path}: a single state_dict file needs an explicit config= "
+                "(a Hugging Face config.json or a TransformerConfig)"
             )
     notes: list[str] = []
     if isinstance(config, TransformerConfig):
@@ -282,7 +282,7 @@ def seed_config_of(path: "str | os.PathLike", num_heads: int, dtype: str | None 
     """The config of the seed-block state_dict at ``path``: ``hidden_dim`` from
     ``q_proj.weight``, the dtype from ``dtype`` or the file."""
     if not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive int (the seed block's head count), got {num_heads!r}")
+        raise ValueError(f"num_heads={num_heads!r} must be a positive int (the seed block's head count)")
     with open_tensors(path) as source:
         if "q_proj.weight" not in source:
             raise ValueError(f"{path}: no 'q_proj.weight'; this is not a seed-block state_dict")
@@ -301,7 +301,7 @@ def save_seed_block(block: Block, path: "str | os.PathLike", *, force: bool = Fa
     """
     path = Path(path)
     if path.exists() and not force:
-        raise FileExistsError(f"{path} exists; pass force=True (--force) to replace it")
+        raise FileExistsError(f"{path} exists; pass force=True to replace it")
     tensors = export_state_dict(nnx.state(block, nnx.Param), "seed-block", _block_config(block))
     return write_torch_file(path, tensors)
 

@@ -234,7 +234,7 @@ def _remove(path: Path) -> None:
 def _refuse_existing(destination: Path, force: bool) -> None:
     if not force and os.path.lexists(destination):
         raise FileExistsError(
-            f"{destination} already exists; pass --force (force=True) to replace it, or choose another path"
+            f"{destination} already exists; pass force=True to replace it, or choose another path"
         )
 
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from jaxckpt import nn, train
 
-DEFAULT_CONFIG = "tiny"
+DEFAULT_MODEL = "tiny"
 DEFAULT_BATCH = 2
 DEFAULT_SEQ = 1024
 DEFAULT_STEPS = 3
@@ -24,7 +24,13 @@ def add_parser(sub) -> None:
         "temp memory from XLA's compiled memory analysis, step time, final loss and the largest "
         "gradient difference against standard attention without remat.",
     )
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"model preset ({', '.join(nn.PRESETS)})")
+    p.add_argument(
+        "--model",
+        "--config",
+        dest="model",
+        default=DEFAULT_MODEL,
+        help=f"model preset ({', '.join(nn.PRESETS)}); --config is an alias",
+    )
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="sequences per step")
     p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="timed steps per row (median)")
@@ -36,7 +42,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the comparison and prints it."""
     overrides = {} if args.layers is None else {"n_layers": args.layers}
-    config = nn.TransformerConfig.preset(args.config, **overrides)
+    config = nn.TransformerConfig.preset(args.model, **overrides)
     result = train.compare(config, batch=args.batch, seq=args.seq, steps=args.steps, progress=not args.json)
     if args.json:
         print(json.dumps(result, indent=2))

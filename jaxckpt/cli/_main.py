@@ -10,6 +10,7 @@ import jaxckpt
 from jaxckpt._plugins import CLI, load_attention_plugins, plugins
 from jaxckpt.attention import available_implementations, implementations
 from jaxckpt.cli import _compare, _plan, _train
+from jaxckpt.cli._flags import FLAGS, flag_message
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -63,13 +64,26 @@ def _unavailable(args: argparse.Namespace, err: ImportError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the ``jaxckpt`` command line; returns the exit status."""
+    """Runs the ``jaxckpt`` command line; returns the exit status.
+
+    Bad input (a ``ValueError``, ``OSError`` or ``ImportError``) exits with status 2 and
+    one line naming the flag, not a traceback: the library's ``name=`` becomes the
+    subcommand's flag (``FLAGS`` in ``jaxckpt/cli/_flags.py``, and a subcommand's own
+    ``flags`` default).
+
+    Example:
+        >>> main(["info", "--json"])  # doctest: +ELLIPSIS
+        {
+          "jaxckpt": ...
+        0
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, OSError, ImportError) as err:  # bad input: report it without a traceback
-        parser.exit(2, f"jaxckpt {args.command}: error: {err}\n")
+        message = flag_message(str(err), {**FLAGS, **getattr(args, "flags", {})})
+        parser.exit(2, f"jaxckpt {args.command}: error: {message}\n")
 
 
 if __name__ == "__main__":

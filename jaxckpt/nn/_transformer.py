@@ -174,7 +174,8 @@ class Transformer(nnx.Module):
         t = tokens.shape[1]
         if t > cfg.max_len:
             raise ValueError(
-                f"sequence length T={t} exceeds config.max_len={cfg.max_len}; use a shorter --seq"
+                f"sequence length T={t} exceeds config.max_len={cfg.max_len}: feed at most max_len "
+                "tokens per sequence, or build the model with a larger max_len"
             )
         spec = get_remat(cfg.remat if remat is None else remat)
         x = self.embed(tokens)

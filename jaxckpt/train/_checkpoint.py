@@ -70,7 +70,9 @@ def restore_checkpoint(
     directory = Path(directory)
     step = latest_step(directory) if step is None else step
     if step is None:
-        raise FileNotFoundError(f"no checkpoint in {str(directory)!r}; train without --resume to create one")
+        raise FileNotFoundError(
+            f"no checkpoint in {str(directory)!r}; train without resume=True to create one"
+        )
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(like))
     with _manager(directory) as manager:
         restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))

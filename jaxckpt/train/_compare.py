@@ -106,6 +106,8 @@ def compare(
         [('reference', 'none'), ('flash', 'full')]
     """
     require_positive_int("steps", steps)
+    if seq > config.max_len:
+        raise ValueError(f"seq={seq} exceeds the model's config.max_len={config.max_len}; use a shorter seq")
     pairs = [BASELINE] + [r for r in (rows or default_rows()) if tuple(r) != BASELINE]
     for attention, remat in pairs:
         if attention not in ATTENTION:

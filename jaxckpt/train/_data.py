@@ -83,11 +83,12 @@ def default_corpus_path() -> Path:
     return Path(str(files("jaxckpt.train") / "data" / "shakespeare.txt"))
 
 
-def load_tokens(path: str | os.PathLike | None = None) -> np.ndarray:
+def load_tokens(path: str | os.PathLike | None = None, *, name: str = "path") -> np.ndarray:
     """Reads a text file as byte tokens.
 
     Args:
         path: the text file; None reads the shipped corpus (``default_corpus_path()``).
+        name: the argument name errors give ``path`` under (``train`` passes ``"data"``).
 
     Returns:
         A 1-D ``int32`` array of the file's bytes.
@@ -105,24 +106,26 @@ def load_tokens(path: str | os.PathLike | None = None) -> np.ndarray:
     if path is None:
         path = default_corpus_path()
     elif not isinstance(path, str | os.PathLike):
-        raise TypeError(f"load_tokens: path must be a str, an os.PathLike or None, got {type(path).__name__}")
+        raise TypeError(
+            f"load_tokens: {name} must be a str, an os.PathLike or None, got {type(path).__name__}"
+        )
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist; --data expects a text file")
+        raise FileNotFoundError(f"{name}={str(path)!r} does not exist; give a text file")
     if path.is_dir():
-        raise ValueError(f"data path {str(path)!r} is a directory; --data expects a text file")
+        raise ValueError(f"{name}={str(path)!r} is a directory; give a text file")
     data = path.read_bytes()
     if not data:
-        raise ValueError(f"data file {str(path)!r} is empty; --data expects a non-empty text file")
+        raise ValueError(f"{name}={str(path)!r} is an empty file; give a non-empty text file")
     return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
 
 
 def _check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"ByteBatches: {name} must be an int, got {type(value).__name__}")
+        raise TypeError(f"ByteBatches: {name}={value!r} must be an int, got {type(value).__name__}")
     if value < minimum:
         qualifier = "positive" if minimum == 1 else f">= {minimum}"
-        raise ValueError(f"ByteBatches: {name} must be {qualifier}, got {value}")
+        raise ValueError(f"ByteBatches: {name}={value!r} must be {qualifier}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,7 +174,7 @@ class ByteBatches:
         if len(tokens) < self.seq + 2:
             raise ValueError(
                 f"ByteBatches: seq={self.seq} needs a corpus of at least seq + 2 = {self.seq + 2} tokens, "
-                f"got {len(tokens)}; use a smaller seq or a larger --data file"
+                f"got {len(tokens)}; use a smaller seq or a longer text"
             )
         object.__setattr__(self, "tokens", tokens.astype(np.int32, copy=False))
 

@@ -18,19 +18,19 @@ def _check_arguments(coordinator: str, num_processes: int, process_id: int) -> N
     host, sep, port = str(coordinator).rpartition(":")
     if not sep or not host.strip("[]") or not port.isdigit() or int(port) not in _PORTS:
         raise ValueError(
-            f"--coordinator {coordinator!r} must be HOST:PORT with a port in 1..65535, "
+            f"coordinator={coordinator!r} must be HOST:PORT with a port in 1..65535, "
             "e.g. 10.0.0.1:1234 (process 0's address; every process passes the same one)"
         )
-    for flag, value in (("--num-processes", num_processes), ("--process-id", process_id)):
+    for name, value in (("num_processes", num_processes), ("process_id", process_id)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise ValueError(f"{flag} must be an int, got {value!r}")
+            raise ValueError(f"{name}={value!r} must be an int")
     if num_processes < 1:
-        raise ValueError(f"--num-processes {num_processes} must be >= 1")
+        raise ValueError(f"num_processes={num_processes} must be >= 1")
     if process_id < 0:
-        raise ValueError(f"--process-id {process_id} must be >= 0")
+        raise ValueError(f"process_id={process_id} must be >= 0")
     if process_id >= num_processes:
         raise ValueError(
-            f"--process-id {process_id} must be < --num-processes {num_processes} "
+            f"process_id={process_id} must be < num_processes={num_processes} "
             f"(the processes are numbered 0..{num_processes - 1})"
         )
 
@@ -52,7 +52,7 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
 
     Raises:
         ValueError: for a malformed address or an out-of-range count or id, naming the
-            CLI flag (``--coordinator``, ``--num-processes``, ``--process-id``).
+            argument and its value.
         RuntimeError: (from JAX) when the backend has already started, or on a second call.
 
     Example:
@@ -66,7 +66,7 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
         >>> initialize("127.0.0.1:1234", num_processes=2, process_id=3)
         Traceback (most recent call last):
         ...
-        ValueError: --process-id 3 must be < --num-processes 2 (the processes are numbered 0..1)
+        ValueError: process_id=3 must be < num_processes=2 (the processes are numbered 0..1)
     """
     _check_arguments(coordinator, num_processes, process_id)
     if jax.config.jax_cpu_collectives_implementation in (None, "gloo"):

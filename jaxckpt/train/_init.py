@@ -23,18 +23,21 @@ def is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
-def _hf_reader(path: Path):
+def _hf_reader(path: Path, name: str):
     try:
         return plugin(MODEL_SOURCES, "hf")
     except (LookupError, ImportError) as err:
-        raise ValueError(
-            f"--init-from {str(path)!r} is a Hugging Face directory; reading it needs {err}"
-        ) from err
+        raise ValueError(f"{name}={str(path)!r} is a Hugging Face directory; reading it needs {err}") from err
 
 
-def source_config(path: "str | os.PathLike") -> TransformerConfig:
+def source_config(path: "str | os.PathLike", *, name: str = "path") -> TransformerConfig:
     """The config of the model stored at ``path``: a jaxckpt checkpoint directory (its
     ``jaxckpt.json``) or a Hugging Face directory (its ``config.json``).
+
+    Args:
+        path: the directory.
+        name: the argument name errors give ``path`` under: a caller that took it as,
+            say, ``init_from`` passes ``name="init_from"`` (as ``initial_model`` does).
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
@@ -51,17 +54,17 @@ def source_config(path: "str | os.PathLike") -> TransformerConfig:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--init-from {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{name}={str(path)!r} does not exist")
     if is_hf_dir(path):
         try:
-            return _hf_reader(path).config(path)
+            return _hf_reader(path, name).config(path)
         except ValueError as err:
-            raise ValueError(f"--init-from {str(path)!r} (a Hugging Face directory): {err}") from err
+            raise ValueError(f"{name}={str(path)!r} (a Hugging Face directory): {err}") from err
     meta = read_meta(path)
     if "config" not in meta:
         raise ValueError(
-            f"--init-from {str(path)!r} has no {META} with a config: give a jaxckpt checkpoint directory "
-            "(from jaxckpt train --checkpoint-dir or jaxckpt convert) or a Hugging Face directory"
+            f"{name}={str(path)!r} has no {META} with a config: give a jaxckpt checkpoint directory "
+            "(saved by training, or written by jaxckpt convert) or a Hugging Face directory"
         )
     return TransformerConfig.from_dict(meta["config"])
 
@@ -72,8 +75,8 @@ def _check_compatible(source: TransformerConfig, config: TransformerConfig, path
     differ = [f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in keys]
     if differ:
         raise ValueError(
-            f"--init-from {str(path)!r} holds a different model ({'; '.join(differ)}); "
-            "leave out --config/--layers to take the model from it"
+            f"init_from={str(path)!r} holds a different model ({'; '.join(differ)}); use the model "
+            f"it holds, or one that differs from it only in {', '.join(sorted(FREE_ON_INIT))}"
         )
 
 
@@ -91,13 +94,19 @@ def initial_model(
     Raises:
         ValueError: when the stored model differs from ``config`` in anything but remat,
             attention, budget and dtypes (each difference is named).
+
+    Example:
+        >>> from jaxckpt import nn, train
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
+        >>> train.initial_model(cfg, seed=0, init_from=None).config == cfg
+        True
     """
     if init_from is None:
         return Transformer(config, rngs=nnx.Rngs(seed))
     path = Path(init_from)
-    _check_compatible(source_config(path), config, path)
+    _check_compatible(source_config(path, name="init_from"), config, path)
     if is_hf_dir(path):
-        params = _hf_reader(path).params(path, config)
+        params = _hf_reader(path, "init_from").params(path, config)
     elif read_meta(path).get("kind") == PARAMS_KIND:
         abstract = nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
         params = nnx.to_pure_dict(restore_checkpoint(path, abstract)[1])

@@ -47,7 +47,7 @@ def parse_mesh(text: str) -> dict[str, int]:
 
     Raises:
         ValueError: for an unknown axis, a size that is not a positive integer, or a
-            repeated axis, naming it.
+            repeated axis, naming it (as ``mesh=``: the argument of ``train`` it comes from).
 
     Example:
         >>> parse_mesh("data=2,fsdp=4")
@@ -57,11 +57,13 @@ def parse_mesh(text: str) -> dict[str, int]:
     for part in str(text).split(","):
         name, _, size = part.strip().partition("=")
         if name not in AXES:
-            raise ValueError(f"--mesh: unknown axis {name!r} in {text!r}; axes are {', '.join(AXES)}")
+            raise ValueError(f"mesh={text!r}: unknown axis {name!r}; axes are {', '.join(AXES)}")
         if name in axes:
-            raise ValueError(f"--mesh: axis {name!r} given twice in {text!r}")
+            raise ValueError(f"mesh={text!r}: axis {name!r} given twice")
         if not size.isdigit() or int(size) < 1:
-            raise ValueError(f"--mesh: {name}={size!r} must be a positive integer (e.g. data=2,fsdp=4)")
+            raise ValueError(
+                f"mesh={text!r}: the size of {name!r} must be a positive integer, e.g. data=2,fsdp=4"
+            )
         axes[name] = int(size)
     return axes
 
@@ -82,7 +84,7 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     if math.prod(shape) != len(devices):
         raise ValueError(
-            f"--mesh {axes} needs {math.prod(shape)} devices; this process sees {len(devices)} "
+            f"mesh={axes} needs {math.prod(shape)} devices; this process sees {len(devices)} "
             "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N)"
         )
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)  # XLA's SPMD partitioner places collectives

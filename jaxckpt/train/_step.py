@@ -208,7 +208,7 @@ class Trainer:
             check_batch(batch)
             if self.mesh is not None and batch_shape[1] % self.mesh.size:
                 raise ValueError(
-                    f"--batch {batch_shape[1]} must be a multiple of the mesh's {self.mesh.size} devices "
+                    f"batch={batch_shape[1]} must be a multiple of the mesh's {self.mesh.size} devices "
                     f"({dict(self.mesh.shape)}): each device takes an equal share of the batch"
                 )
             self._compiled[batch_shape] = self._step.lower(self.state, batch).compile()

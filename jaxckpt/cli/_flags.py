@@ -1,0 +1,74 @@
+"""Library argument names -> the command line's flags, for error messages.
+
+The library names the Python argument in its errors, with its value (``steps=0 must be
+a positive int``, ``process_id=3 must be < num_processes=2``). ``main`` catches an
+error of a subcommand and rewrites each ``name=`` of ``FLAGS`` (merged with the
+subcommand's own ``flags`` default, for names that differ between subcommands) into
+the flag that sets it, so the command line says ``--steps 0 must be a positive int``.
+
+Only ``name=`` is rewritten, never a bare word: a library message that wants its
+argument mapped writes it as ``name=value`` (or ``name=`` alone, as in ``needs
+checkpoint_dir=``). ``name=True`` becomes the bare flag (``--resume``), and a name
+after ``.``, ``-`` or a letter (``config.max_len=``, ``q.shape=``) is left alone.
+"""
+
+import re
+from collections.abc import Mapping
+
+FLAGS: dict[str, str] = {
+    "attention": "--attention",
+    "batch": "--batch",
+    "budget": "--budget",
+    "checkpoint_dir": "--checkpoint-dir",
+    "checkpoint_every": "--checkpoint-every",
+    "coordinator": "--coordinator",
+    "data": "--data",
+    "devices": "--devices",
+    "force": "--force",
+    "init_from": "--init-from",
+    "learning_rate": "--lr",
+    "mesh": "--mesh",
+    "micro_batches": "--micro-batches",
+    "n_layers": "--layers",
+    "num_processes": "--num-processes",
+    "optimizer": "--optimizer",
+    "process_id": "--process-id",
+    "remat": "--remat",
+    "resume": "--resume",
+    "seed": "--seed",
+    "seq": "--seq",
+    "steps": "--steps",
+}
+"""Python argument -> flag, for the names every subcommand spells alike (extend it here).
+
+A subcommand whose flags differ (``jaxckpt convert``'s ``--config`` is a config.json, not
+a model preset) adds or overrides entries with ``parser.set_defaults(flags={...})``."""
+
+
+def flag_message(message: str, flags: Mapping[str, str] = FLAGS) -> str:
+    """``message`` with every ``name=`` of a name in ``flags`` written as its flag.
+
+    Args:
+        message: a library error's text.
+        flags: Python argument name -> command line flag.
+
+    Returns:
+        The text the command line prints.
+
+    Example:
+        >>> flag_message("process_id=3 must be < num_processes=2")
+        '--process-id 3 must be < --num-processes 2'
+        >>> flag_message("resume=True needs checkpoint_dir=; config.seq=4 is kept")
+        '--resume needs --checkpoint-dir; config.seq=4 is kept'
+    """
+    if not flags:
+        return message
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.\-])({names})=(?!=)(True\b)?(?=(.?))")
+
+    def flag(match: re.Match) -> str:
+        name, true, following = match.groups()
+        bare = true is not None or not following or following.isspace() or following in ",;:.)]}"
+        return flags[name] if bare else flags[name] + " "
+
+    return pattern.sub(flag, message)
