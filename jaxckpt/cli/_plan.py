@@ -1,7 +1,8 @@
 """``jaxckpt plan``: the cheapest remat spec under a memory budget, next to what every preset needs.
 
 One row per remat preset, predicted from shapes (``plan.choice``, no compile), and
-the spec ``plan.plan_memory`` chose, whose peak XLA measured. The measurement is
+the spec ``plan.plan_memory`` chose, whose peak XLA measured: ``plan.preset_table``
+computes them, this module parses the flags and formats. The measurement is
 XLA:CPU's (``plan.CPU_CAVEAT``); the budget is a device preset's memory or a size.
 
 Example:
@@ -20,6 +21,7 @@ Example:
 
 import argparse
 import json
+import re
 import sys
 
 from rich import box
@@ -27,7 +29,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from jaxckpt import nn, plan, remat
+from jaxckpt import nn, plan
 
 PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 """``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
@@ -108,26 +110,63 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+PLAN_FLAGS = {
+    "batch": "--batch",
+    "seq": "--seq",
+    "micro_batches": "--micro-batches",
+    "optimizer": "--optimizer",
+    "devices": "--devices",
+    "budget": "--budget",
+    "headroom": "--headroom",
+    "device": "--device",
+    "mesh": "jaxckpt train --mesh",
+}
+"""Library argument name -> the flag that sets it (``with_flags`` rewrites messages)."""
+
+
+def with_flags(message: str, flags: dict[str, str]) -> str:
+    """A library message with its argument names written as the command line's flags.
+
+    ``batch=3`` -> ``--batch 3``, ``mesh='fsdp=2'`` -> ``--mesh fsdp=2``, ``resume=True``
+    -> ``--resume``, a bare ``checkpoint_dir`` -> ``--checkpoint-dir``; a leading
+    ``Workload: `` (the library's "where") is dropped.
+
+    Example:
+        >>> with_flags("Workload: batch=3 must be a multiple of devices=2", PLAN_FLAGS)
+        '--batch 3 must be a multiple of --devices 2'
+    """
+    names = "|".join(re.escape(name) for name in sorted(flags, key=len, reverse=True))
+    text = re.sub(r"^(Workload|plan_memory|preset_table|resolve_auto|train): ", "", message)
+    text = re.sub(rf"\b({names})=True\b", lambda m: flags[m[1]], text)
+    text = re.sub(rf"\b({names})='([^']*)'", lambda m: f"{flags[m[1]]} {m[2]}", text)
+    text = re.sub(rf"\b({names})=", lambda m: f"{flags[m[1]]} ", text)
+    bare = "|".join(re.escape(name) for name in flags if "_" in name)
+    return re.sub(rf"(?<![\w.-])({bare})\b(?!=)", lambda m: flags[m[1]], text) if bare else text
+
+
 def run(args: argparse.Namespace) -> int:
     """Plans, prints the table (or JSON); returns 0, or 1 when nothing fits the budget."""
     overrides = {} if args.param_dtype is None else {"param_dtype": PARAM_DTYPES[args.param_dtype]}
     config = nn.TransformerConfig.preset(args.model, **overrides)
     device = plan.device_preset(args.device or "cpu")
     budget = device.memory if args.device else args.budget
-    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches, devices=args.devices)
-    chosen, error = None, None
-    if args.batch % args.devices:
-        raise ValueError(
-            f"--batch {args.batch} must be a multiple of --devices {args.devices}: FSDP gives each device "
-            "an equal share of the batch"
-        )
     try:
-        chosen = plan.plan_memory(
-            config, args.batch, args.seq, budget, headroom=args.headroom, device=device, **size
+        workload = plan.Workload(
+            config,
+            args.batch,
+            args.seq,
+            micro_batches=args.micro_batches,
+            optimizer=args.optimizer,
+            devices=args.devices,
         )
-    except plan.BudgetError as err:
-        error = err
-    result = report(args, config, budget, chosen, error)
+        answer = plan.preset_table(
+            workload, budget, headroom=args.headroom, device=args.device, model=args.model
+        )
+    except ValueError as err:
+        raise ValueError(with_flags(str(err), PLAN_FLAGS)) from err
+    result = answer.to_dict()
+    if answer.error is not None:
+        result["error"] = with_flags(result["error"], PLAN_FLAGS)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -136,82 +175,13 @@ def run(args: argparse.Namespace) -> int:
         wide = console.options.update_width(1000)
         console.width = max(console.width, Measurement.get(console, wide, t).maximum)  # never wrap it
         console.print(t)
-        if chosen is not None:
+        if answer.chosen is not None:
             console.print(_chosen_line(result["chosen"]))
             console.print(_attempts_line(result["attempts"]))
-    if error is not None:
-        print(f"jaxckpt plan: {error}", file=sys.stderr)
+    if answer.error is not None:
+        print(f"jaxckpt plan: {result['error']}", file=sys.stderr)
         return 1
     return 0
-
-
-def report(
-    args: argparse.Namespace,
-    config: nn.TransformerConfig,
-    budget: int,
-    chosen: "plan.MemoryPlan | None",
-    error: "plan.BudgetError | None",
-) -> dict:
-    """The JSON-ready result: one row per preset (and the solved spec), and the choice.
-
-    ``chosen`` is the ``MemoryPlan``, or None with ``error`` the ``BudgetError``.
-    """
-    batch, seq, headroom = args.batch, args.seq, args.headroom
-    size = dict(optimizer=args.optimizer, micro_batches=args.micro_batches, devices=args.devices)
-    limit = int(budget * (1 - headroom))
-    step = plan.step_flops(config, batch // args.devices, seq, size["micro_batches"])
-    names = [n for n in remat.PRESETS if remat.has_pinned_host() or not remat.PRESETS[n].offload]
-    rows = [_row(name, plan.choice(config, batch, seq, name, **size), limit, step) for name in names]
-    if chosen is not None and chosen.remat not in names:
-        c = plan.Choice(chosen.spec, chosen.predicted, chosen.recompute_flops, 0)
-        rows.append(_row(chosen.remat, c, limit, step))
-    if chosen is not None:  # both predicted: the planner's full-remat figure and the rows'
-        minimum, source = min([int(chosen.minimum_bytes)] + [r["total_bytes"] for r in rows]), "predicted"
-    else:
-        minimum, source = int(error.minimum_bytes), "measured"
-    result = {
-        "budget_bytes": int(budget),
-        "headroom": headroom,
-        "usable_bytes": limit,
-        "minimum_bytes": minimum,
-        "minimum_source": source,
-        "step_flops": step,
-        "rows": rows,
-        "chosen": None,
-        "caveat": plan.CPU_CAVEAT,
-        "offload_rows": "shown" if remat.has_pinned_host() else "omitted: no pinned_host memory here",
-        "model": args.model,
-        "device": args.device,
-        "config": {"batch": batch, "seq": seq, "param_dtype": config.param_dtype, **size},
-    }
-    if chosen is not None:
-        spec = {
-            k: list(map(str, v)) if isinstance(v, list) else v for k, v in plan.spec_dict(chosen.spec).items()
-        }
-        result["chosen"] = {**chosen.to_dict(), "spec": spec, "predicted_bytes": int(chosen.predicted.total)}
-        result["attempts"] = [  # every spec the planner compiled, in order
-            {"remat": plan.spec_name(s), "predicted_bytes": int(p.total), "measured_bytes": int(m.peak)}
-            for s, p, m in chosen.attempts
-        ]
-    else:
-        result["error"] = str(error)
-    return result
-
-
-def _row(name: str, c: "plan.Choice", limit: int, step: int) -> dict:
-    p = c.predicted
-    total = int(p.total)
-    return {
-        "remat": name,
-        "params_bytes": int(p.params),
-        "grads_bytes": int(p.grads),
-        "optimizer_bytes": int(p.optimizer),
-        "activation_bytes": int(p.activations),
-        "total_bytes": total,
-        "fits": total <= limit,
-        "recompute_flops": int(c.recompute_flops),
-        "recompute_fraction": c.recompute_flops / step,
-    }
 
 
 def table(result: dict) -> Table:

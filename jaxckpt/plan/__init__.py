@@ -1,24 +1,40 @@
 """Memory planning: what a train step needs, predicted from shapes, measured by XLA, solved for a budget.
 
+Every entry point takes a ``Workload`` (the model, the global batch, the sequence
+length, micro-batches, optimizer and FSDP devices) and, where it asks about one, a
+remat spec:
+
 * ``measure``: XLA's own figures for the compiled step (abstract inputs, nothing allocated).
-* ``predict``: the analytic model (``layer_graph``: per-tag bytes and FLOPs of one layer).
-* ``plan_memory``: the cheapest remat spec under a budget, verified by ``measure``.
+* ``predict`` / ``choice``: the analytic model (``layer_graph``: per-tag bytes and FLOPs of one layer).
+* ``plan_memory``: the cheapest remat spec under a budget, verified by ``measure``;
+  ``preset_table`` puts it next to every preset; ``resolve_auto`` answers ``remat="auto"``.
+
+Modules, bottom to top (each imports only those before it): ``_workload``,
+``_devices``, ``_specs``, ``_state``, ``_layer_graph``, ``_compile``, ``_sharded``,
+``_measure``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_solver``,
+``_table``, ``_auto``.
 
 Example:
     >>> from jaxckpt import nn, plan
-    >>> report = plan.measure(nn.TransformerConfig.preset("tiny", n_layers=1), batch=1, seq=32, remat="full")
-    >>> report.alias > 0  # the state is donated
+    >>> workload = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=1), batch=1, seq=32)
+    >>> plan.measure(workload, remat="full").alias > 0  # the state is donated
     True
 """
 
 from jaxckpt._sizes import format_bytes, parse_size
-from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict, state_bytes
-from jaxckpt.plan._cost import Choice, choice, spec_dict, spec_name, step_flops
+from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict
+from jaxckpt.plan._auto import resolve_auto
+from jaxckpt.plan._by_cost import by_cost, tag_flops_per_byte
+from jaxckpt.plan._cost import Choice, choice, step_flops
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
-from jaxckpt.plan._measure import CPU_CAVEAT, OPTIMIZERS, abstract_train_state, measure, tree_bytes
+from jaxckpt.plan._measure import CPU_CAVEAT, measure
 from jaxckpt.plan._milp import solve
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
+from jaxckpt.plan._specs import spec_dict, spec_name
+from jaxckpt.plan._state import state_bytes, tree_bytes
+from jaxckpt.plan._table import PresetRow, PresetTable, preset_table
+from jaxckpt.plan._workload import OPTIMIZERS, Workload
 
 __all__ = [
     "CPU_CAVEAT",
@@ -30,7 +46,10 @@ __all__ = [
     "LayerGraph",
     "MemoryPlan",
     "Prediction",
-    "abstract_train_state",
+    "PresetRow",
+    "PresetTable",
+    "Workload",
+    "by_cost",
     "choice",
     "device_preset",
     "format_bytes",
@@ -40,10 +59,13 @@ __all__ = [
     "parse_size",
     "plan_memory",
     "predict",
+    "preset_table",
+    "resolve_auto",
     "solve",
     "spec_dict",
     "spec_name",
     "state_bytes",
     "step_flops",
+    "tag_flops_per_byte",
     "tree_bytes",
 ]

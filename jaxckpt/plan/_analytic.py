@@ -13,32 +13,27 @@ update needs a params-sized buffer after the backward pass, so the activation te
 is at least that (the buffers are reused). ``korthikanti_bytes`` is the published
 baseline the model is checked against.
 
-Over ``devices`` (FSDP, ``jaxckpt train --mesh fsdp=D``) each device holds its
+Over ``workload.devices`` (FSDP, ``jaxckpt train --mesh fsdp=D``) each device holds its
 shards of the state and of the update and runs ``batch / D`` sequences; the output
 head's gathered weights and their gradient are added to the head's working set (a
 layer's gathered parameters add nothing measurable: see ``layer_working_set``).
 """
 
 import dataclasses
-import functools
 import math
 
-import jax
-from flax import nnx
-
-from jaxckpt._checks import require_positive_int
-from jaxckpt._tags import PROJECTIONS
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
-from jaxckpt.plan._measure import OPTIMIZERS, abstract_train_state, tree_bytes
-from jaxckpt.plan._sharded import local_batch, sharded_bytes
+from jaxckpt.plan._specs import saved_tags
+from jaxckpt.plan._state import layer_param_bytes, state_bytes, update_workspace
+from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """Predicted bytes of one train step (the same split as ``MemoryReport``)."""
+    """Predicted bytes of one train step on one device (the same split as ``MemoryReport``)."""
 
     params: int
     grads: int
@@ -52,119 +47,74 @@ class Prediction:
         return self.params + self.grads + self.optimizer + self.activations + self.inputs
 
     def to_dict(self) -> dict:
+        """The fields, with ``total``."""
         return {**dataclasses.asdict(self), "total": self.total}
 
 
-def saved_tags(spec: RematSpec) -> frozenset:
-    """The tags a per-layer spec keeps on device or host (``save_dots`` adds the projections)."""
-    return spec.save | spec.offload | (PROJECTIONS if spec.save_dots else frozenset())
-
-
-@functools.lru_cache(maxsize=64)
-def state_bytes(config: TransformerConfig, optimizer: str = "adamw", devices: int = 1) -> tuple[int, int]:
-    """``(params, optimizer state)`` bytes on one of ``devices`` FSDP devices, from the
-    abstract model (nothing allocated)."""
-    model, opt = abstract_train_state(config, optimizer)
-    return sharded_bytes(nnx.state(model, nnx.Param), devices), sharded_bytes(nnx.state(opt), devices)
-
-
-@functools.lru_cache(maxsize=64)
-def update_workspace(config: TransformerConfig, optimizer: str = "adamw", devices: int = 1) -> int:
-    """Bytes the optimizer update needs after the backward pass (the activations' buffers are free).
-
-    AdamW's update is one params-sized tree (on ``devices``: one device's shards);
-    Adafactor's factored update goes one parameter at a time (the largest one); SGD
-    updates in place.
-    """
-    if optimizer == "sgd":
-        return 0
-    model, _ = abstract_train_state(config, optimizer)
-    params = nnx.state(model, nnx.Param)
-    if optimizer == "adafactor":
-        return max(tree_bytes(leaf) for leaf in jax.tree.leaves(params))
-    return sharded_bytes(params, devices)
-
-
-def layer_working_set(config: TransformerConfig, batch: int, seq: int) -> int:
+def layer_working_set(workload: Workload) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
     Its recomputed residuals, its weight-gradient slice, two cotangents of width F
-    and two of width D, and one attention tile; ``batch`` is one device's. Under FSDP
+    and two of width D, and one attention tile, for one device's batch. Under FSDP
     nothing is added for the layer's gathered parameters: with it the prediction was
     one layer's parameters over XLA's peak (small, 8 devices); without it, ``tiny``
     and ``small`` over 2-8 devices are within 6% of XLA.
     """
-    graph = layer_graph(config, batch, seq)
-    n, e = batch * seq, config.compute_dtype.itemsize
+    config = workload.config
+    graph = layer_graph(workload)
+    n, e = workload.local_tokens, config.compute_dtype.itemsize
     cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
     return graph.working_residual_bytes() + layer_param_bytes(config) + cotangents + graph.attention_tile
 
 
-def layer_param_bytes(config: TransformerConfig) -> int:
-    """Bytes of one layer's parameters (the embeddings and head left out)."""
-    params, _ = state_bytes(config, "sgd")
-    embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
-    return (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
-
-
-def head_working_set(config: TransformerConfig, batch: int, seq: int, devices: int = 1) -> int:
+def head_working_set(workload: Workload) -> int:
     """The output head: logits in the compute dtype, their fp32 copy and its gradient;
-    over ``devices``, also the head's weights gathered whole and their full gradient."""
-    n = batch * seq
-    gathered = 2 * config.vocab_size * config.d_model * config.storage_dtype.itemsize if devices > 1 else 0
-    return n * config.vocab_size * (config.compute_dtype.itemsize + 8) + gathered
+    over several devices, also the head's weights gathered whole and their full gradient."""
+    config = workload.config
+    gathered = 2 * config.vocab_size * config.d_model * config.storage_dtype.itemsize
+    head = workload.local_tokens * config.vocab_size * (config.compute_dtype.itemsize + 8)
+    return head + (gathered if workload.devices > 1 else 0)
 
 
-def predict(
-    config: TransformerConfig,
-    batch: int,
-    seq: int,
-    remat: "str | RematSpec",
-    *,
-    optimizer: str = "adamw",
-    micro_batches: int = 1,
-    devices: int = 1,
-) -> Prediction:
-    """Predicts a train step's memory from shapes (no compile; ``measure`` is the check).
+def predict(workload: Workload, remat: "str | RematSpec") -> Prediction:
+    """Predicts one device's memory for a train step from shapes (no compile; ``measure`` is the check).
 
     Args:
-        config: the model. batch, seq: one micro-batch ``[B, T]`` (B over all devices).
+        workload: the step. ``micro_batches > 1`` adds one gradient accumulator; over
+            ``devices`` the figures are one device's.
         remat: a preset name or ``RematSpec``.
-        optimizer: a key of ``jaxckpt.plan.OPTIMIZERS``.
-        micro_batches: gradient accumulation steps (adds one gradient accumulator).
-        devices: FSDP devices; the figures are one device's (``B`` must divide evenly).
+
+    Raises:
+        TypeError: when ``workload`` is not a ``Workload``.
+        ValueError: for an unknown remat preset (or ``"auto"``: that is what ``plan_memory`` answers).
 
     Example:
         >>> from jaxckpt import nn, plan
-        >>> cfg = nn.TransformerConfig.preset("tiny")
-        >>> plan.predict(cfg, 2, 256, "none").activations > plan.predict(cfg, 2, 256, "full").activations
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=256)
+        >>> plan.predict(w, "none").activations > plan.predict(w, "full").activations
         True
     """
-    for name, value in (("batch", batch), ("seq", seq), ("micro_batches", micro_batches)):
-        require_positive_int(name, value, "predict: ")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    require_workload(workload, "predict")
     spec = get_remat(remat)
-    batch = local_batch(batch, devices)
-    params, opt = state_bytes(config, optimizer, devices)
-    graph = layer_graph(config, batch, seq)
+    config = workload.config
+    params, opt = state_bytes(workload)
+    graph = layer_graph(workload)
     stored = stored_bytes(graph, spec, config.n_layers)
-    layer = layer_working_set(config, batch, seq)
+    layer = layer_working_set(workload)
     if spec.enabled:  # what a layer keeps is not recomputed, so not held twice
         layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
         if config.n_layers > spec.layers_per_checkpoint > 1:
             # a segment's backward pass slices k layers' parameters and their gradients
             # out of the stacks (measured: XLA copies both)
-            layer += 2 * spec.layers_per_checkpoint * layer_param_bytes(config) // devices
-    working = max(layer, head_working_set(config, batch, seq, devices))
-    activations = stored + working
-    grads = params * (2 if micro_batches > 1 else 1)
+            layer += 2 * spec.layers_per_checkpoint * layer_param_bytes(config) // workload.devices
+    working = max(layer, head_working_set(workload))
+    grads = params * (2 if workload.micro_batches > 1 else 1)
     return Prediction(
         params=params,
         grads=grads,
         optimizer=opt,
-        activations=max(activations, update_workspace(config, optimizer, devices)),
-        inputs=micro_batches * batch * (seq + 1) * 4,
+        activations=max(stored + working, update_workspace(workload)),
+        inputs=workload.input_bytes,
     )
 
 
@@ -184,12 +134,13 @@ def korthikanti_bytes(config: TransformerConfig, batch: int, seq: int, *, flash:
     """Per-layer activation bytes of Korthikanti et al. 2022 (Eq. 1), in 16-bit units.
 
     ``s b h (34 + 5 a s / h)`` bytes for a GPT layer with dropout and 16-bit activations;
-    flash attention keeps no ``a s^2`` term, leaving ``34 s b h``.
+    flash attention keeps no ``a s^2`` term, leaving ``34 s b h``. A published formula
+    of its own arguments (``batch`` is the batch one device runs), not of a ``Workload``.
 
     Example:
-        >>> from jaxckpt import nn
+        >>> from jaxckpt import nn, plan
         >>> cfg = nn.TransformerConfig.preset("gpt2")
-        >>> korthikanti_bytes(cfg, 1, 1024, flash=True) == 1024 * 768 * 34
+        >>> plan.korthikanti_bytes(cfg, 1, 1024, flash=True) == 1024 * 768 * 34
         True
     """
     s, b, h, a = seq, batch, config.d_model, config.n_heads

@@ -2,18 +2,18 @@
 
 import dataclasses
 
-from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import Prediction, predict, saved_tags
+from jaxckpt.plan._analytic import Prediction, predict
 from jaxckpt.plan._devices import DevicePreset
 from jaxckpt.plan._layer_graph import layer_graph
-from jaxckpt.plan._sharded import local_batch
-from jaxckpt.remat import PRESETS, RematSpec
+from jaxckpt.plan._specs import saved_tags
+from jaxckpt.plan._workload import Workload, require_workload
+from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One remat spec with its predicted bytes and its costs per train step."""
+    """One remat spec with its predicted bytes and its costs per train step (one device's)."""
 
     spec: RematSpec
     predicted: Prediction
@@ -25,60 +25,47 @@ class Choice:
         return self.recompute_flops / device.flops + self.transfer_bytes / device.host_bandwidth
 
 
-def spec_dict(spec: RematSpec) -> dict:
-    """A ``RematSpec`` as JSON-ready lists."""
-    return {
-        "save": sorted(spec.save),
-        "offload": sorted(spec.offload),
-        "layers_per_checkpoint": spec.layers_per_checkpoint,
-        "save_dots": spec.save_dots,
-        "enabled": spec.enabled,
-    }
+def step_flops(workload: Workload) -> int:
+    """FLOPs of one device's share of a train step without remat: forward + backward (twice the forward).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=4, seq=64)
+        >>> plan.step_flops(w) == 2 * plan.step_flops(w.replace(devices=2))
+        True
+    """
+    require_workload(workload, "step_flops")
+    config = workload.config
+    head = 2 * workload.local_tokens * config.d_model * config.vocab_size
+    return 3 * workload.micro_batches * (config.n_layers * layer_graph(workload).forward_flops() + head)
 
 
-def spec_name(spec: RematSpec) -> str:
-    """The preset name of ``spec``, or ``"solved"``."""
-    return next((name for name, preset in PRESETS.items() if preset == spec), "solved")
-
-
-def step_flops(config: TransformerConfig, batch: int, seq: int, micro_batches: int = 1) -> int:
-    """FLOPs of one train step without remat: forward + backward (twice the forward)."""
-    graph = layer_graph(config, batch, seq)
-    head = 2 * batch * seq * config.d_model * config.vocab_size
-    return 3 * micro_batches * (config.n_layers * graph.forward_flops() + head)
-
-
-def choice(
-    config: TransformerConfig,
-    batch: int,
-    seq: int,
-    remat: "str | RematSpec",
-    *,
-    optimizer: str = "adamw",
-    micro_batches: int = 1,
-    devices: int = 1,
-) -> Choice:
+def choice(workload: Workload, remat: "str | RematSpec") -> Choice:
     """``remat`` with its prediction and per-step recompute FLOPs and offload bytes.
 
     ``layers_per_checkpoint = k`` recomputes each layer twice except the last of a segment.
-    Over ``devices`` (FSDP) the bytes and costs are one device's.
+    Over ``workload.devices`` (FSDP) the bytes and costs are one device's.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
+        >>> plan.choice(w, "none").recompute_flops, plan.choice(w, "full").recompute_flops > 0
+        (0, True)
     """
     spec = get_remat(remat)
-    pred = predict(
-        config, batch, seq, spec, optimizer=optimizer, micro_batches=micro_batches, devices=devices
-    )
-    batch = local_batch(batch, devices)
-    graph = layer_graph(config, batch, seq)
+    pred = predict(workload, spec)
+    graph = layer_graph(workload)
     if not spec.enabled:
         return Choice(spec, pred, 0, 0)
+    n_layers, micro = workload.config.n_layers, workload.micro_batches
     tags = saved_tags(spec)
     per_layer = graph.recompute_flops(tags)
-    k = min(spec.layers_per_checkpoint, config.n_layers)
+    k = min(spec.layers_per_checkpoint, n_layers)
     extra = graph.forward_flops() * (k - 1) / k if k > 1 else 0  # the segment's re-forward
     offloaded = graph.stored_bytes(tags) - graph.stored_bytes(tags - spec.offload)
     return Choice(
         spec,
         pred,
-        int(micro_batches * config.n_layers * (per_layer + extra)),
-        2 * micro_batches * config.n_layers * offloaded,
+        int(micro * n_layers * (per_layer + extra)),
+        2 * micro * n_layers * offloaded,
     )

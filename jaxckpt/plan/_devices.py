@@ -46,7 +46,13 @@ DEVICES: MappingProxyType[str, DevicePreset] = MappingProxyType(
 
 
 def device_preset(name: str) -> DevicePreset:
-    """The preset called ``name``; the error lists the valid names."""
+    """The preset called ``name``; the error lists the valid names.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> plan.device_preset("ascend-910").memory
+        32000000000
+    """
     if name not in DEVICES:
-        raise ValueError(f"unknown device {name!r}; valid devices: {', '.join(DEVICES)}")
+        raise ValueError(f"device={name!r} is unknown; valid devices: {', '.join(DEVICES)}")
     return DEVICES[name]

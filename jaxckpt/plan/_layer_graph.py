@@ -17,6 +17,7 @@ import functools
 
 from jaxckpt.attention import BlockSizes
 from jaxckpt.nn import TransformerConfig
+from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import Tag
 
 MATERIALIZED_ATTENTION = frozenset({"reference", "xla"})
@@ -135,19 +136,26 @@ def attention_flops(cfg: TransformerConfig, batch: int, seq: int) -> int:
     return 4 * batch * cfg.n_heads * visible * cfg.head_dim
 
 
-@functools.lru_cache(maxsize=256)
-def layer_graph(cfg: TransformerConfig, batch: int, seq: int) -> LayerGraph:
-    """The graph of one layer of ``cfg`` at ``[batch, seq]``.
+def layer_graph(workload: Workload) -> LayerGraph:
+    """The graph of one layer of ``workload.config`` on one device: ``[B / D, T]``.
+
+    Only the model, the local batch and the sequence length matter (one micro-batch).
 
     Example:
-        >>> from jaxckpt import nn
+        >>> from jaxckpt import nn, plan
         >>> from jaxckpt.remat import Tag
-        >>> g = layer_graph(nn.TransformerConfig.preset("tiny"), 2, 256)
+        >>> g = plan.layer_graph(plan.Workload(nn.TransformerConfig.preset("tiny"), 2, 256))
         >>> g.stored_bytes(set()) == g.values["x"].nbytes  # full remat keeps the layer input
         True
         >>> g.recompute_flops({Tag.MLP_ACT}) < g.recompute_flops(set())
         True
     """
+    return _layer_graph(workload.config, workload.local_batch, workload.seq)
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_graph(cfg: TransformerConfig, batch: int, seq: int) -> LayerGraph:
+    """``layer_graph`` at ``[batch, seq]`` (one device's batch)."""
     n = batch * seq
     e = cfg.compute_dtype.itemsize
     flash = cfg.attention not in MATERIALIZED_ATTENTION

@@ -17,16 +17,11 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import (
-    head_working_set,
-    layer_working_set,
-    predict,
-    update_workspace,
-)
+from jaxckpt.plan._analytic import head_working_set, layer_working_set, predict
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
-from jaxckpt.plan._sharded import local_batch
+from jaxckpt.plan._state import update_workspace
+from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec, Tag
 
 
@@ -38,34 +33,37 @@ def _tunable(graph: LayerGraph) -> list[Tag]:
 
 
 def solve(
-    config: TransformerConfig,
-    batch: int,
-    seq: int,
+    workload: Workload,
     budget: int,
     *,
-    optimizer: str = "adamw",
-    micro_batches: int = 1,
     device: DevicePreset = DEVICES["cpu"],
     offload: bool = False,
-    tags: "list[Tag] | None" = None,
+    tags: "Sequence[Tag] | None" = None,
     exclude: "Sequence[RematSpec]" = (),
-    devices: int = 1,
 ) -> RematSpec | None:
     """The per-layer spec of least cost whose predicted peak is within ``budget`` (exact MILP).
 
     Args:
-        devices: FSDP devices; ``budget`` is per device and ``batch`` is split over them.
-        tags: restrict the decision to these tags (the others are recomputed).
+        workload: the step; over ``workload.devices`` ``budget`` is per device.
+        budget: bytes (per device).
+        device: prices recompute (its matmul rate) and offload (its host link).
         offload: allow offloading tags to host memory.
+        tags: restrict the decision to these tags (the others are recomputed).
         exclude: specs not to return (each a no-good cut on the choice variables).
 
     Returns:
         The spec, or None when no spec's prediction fits.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
+        >>> spec = plan.solve(w, plan.predict(w, "save_attn").total)
+        >>> plan.predict(w, spec).total <= plan.predict(w, "save_attn").total
+        True
     """
-    size = dict(optimizer=optimizer, micro_batches=micro_batches, devices=devices)
-    base = predict(config, batch, seq, RematSpec(), **size)
-    batch = local_batch(batch, devices)
-    graph = layer_graph(config, batch, seq)
+    base = predict(workload, RematSpec())
+    config = workload.config
+    graph = layer_graph(workload)
     tags = [t for t in (tags if tags is not None else _tunable(graph)) if t != Tag.LAYER_INPUT]
     ops = list(graph.ops)
     nt, no = len(tags), len(ops)
@@ -118,11 +116,11 @@ def solve(
     tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
     fixed = base.params + base.grads + base.optimizer + base.inputs
     x = graph.values["x"].nbytes
-    working = layer_working_set(config, batch, seq)
-    head = head_working_set(config, batch, seq, devices)
+    working = layer_working_set(workload)
+    head = head_working_set(workload)
     n = config.n_layers
     room = budget - fixed
-    if room < update_workspace(config, optimizer, devices):  # the optimizer update alone does not fit
+    if room < update_workspace(workload):  # the optimizer update alone does not fit
         return None
     # n*(x + K) + working - K <= room, and n*(x + K) + head <= room
     constraint({keep[t]: (n - 1) * tag_bytes[t] for t in tags}, -np.inf, room - n * x - working)

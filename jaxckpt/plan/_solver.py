@@ -9,15 +9,15 @@ lowered by the overshoot. A spec is only returned once its measured peak fits.
 
 import dataclasses
 
-from jaxckpt._checks import require_positive_int
 from jaxckpt._sizes import format_bytes
-from jaxckpt.nn import TransformerConfig
-from jaxckpt.plan._analytic import Prediction, predict, state_bytes
-from jaxckpt.plan._cost import Choice, choice, spec_dict, spec_name, step_flops
-from jaxckpt.plan._devices import DEVICES, DevicePreset
+from jaxckpt.plan._analytic import Prediction, predict
+from jaxckpt.plan._cost import Choice, choice, step_flops
+from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import measure
 from jaxckpt.plan._milp import solve
-from jaxckpt.plan._sharded import local_batch
+from jaxckpt.plan._specs import spec_dict, spec_name
+from jaxckpt.plan._state import state_bytes
+from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import PRESETS, RematSpec
 from jaxckpt.train import MemoryReport
 
@@ -30,7 +30,17 @@ CUTS_BEFORE_TIGHTENING = 6
 
 
 class BudgetError(ValueError):
-    """No remat spec fits the budget. ``minimum_bytes`` is the smallest peak measured."""
+    """No remat spec fits the budget. ``minimum_bytes`` is the smallest peak measured.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=1), batch=1, seq=16)
+        >>> try:
+        ...     plan.plan_memory(w, budget=2**20)
+        ... except plan.BudgetError as err:
+        ...     err.minimum_bytes > 2**20
+        True
+    """
 
     def __init__(self, message: str, minimum_bytes: int):
         super().__init__(message)
@@ -70,6 +80,7 @@ class MemoryPlan:
         return self.recompute_flops / self.step_flops
 
     def to_dict(self) -> dict:
+        """The chosen spec and its figures, JSON-ready."""
         return {
             "remat": self.remat,
             "spec": spec_dict(self.spec),
@@ -81,15 +92,10 @@ class MemoryPlan:
 
 
 def plan_memory(
-    config: TransformerConfig,
-    batch: int,
-    seq: int,
+    workload: Workload,
     budget: int,
     *,
-    devices: int = 1,
     headroom: float = 0.0,
-    optimizer: str = "adamw",
-    micro_batches: int = 1,
     device: "str | DevicePreset" = "cpu",
     offload: bool = False,
 ) -> MemoryPlan:
@@ -102,69 +108,55 @@ def plan_memory(
     admits every spec a smaller one does.
 
     Args:
-        config: the model. batch, seq, micro_batches: the step's input.
+        workload: the step. Over ``workload.devices`` (FSDP, ``mesh="fsdp=D"``) the plan
+            is per device and each candidate is compiled over D devices (``measure``).
         budget: bytes per device. headroom: the fraction of ``budget`` kept free.
-        devices: plan per device for FSDP over this many devices (``jaxckpt train
-            --mesh fsdp=D``): ``batch`` is the global batch, split over them; each
-            candidate is compiled over D simulated CPU devices (``measure``).
-        optimizer: a key of ``OPTIMIZERS``. device: a ``DEVICES`` name (prices recompute
-            and offload). offload: allow host offload (needs ``pinned_host`` to measure).
+        device: a ``DEVICES`` name or ``DevicePreset`` (prices recompute and offload).
+        offload: allow host offload (needs ``pinned_host`` to measure).
 
     Returns:
         A ``MemoryPlan`` whose ``measured.peak <= budget * (1 - headroom)``.
 
     Raises:
         BudgetError: when nothing fits; it gives the minimum peak and what would fit.
-        ValueError: for bad sizes, or a batch the devices do not divide.
+        ValueError: for a budget that is not a positive int, or a headroom outside [0, 1).
 
     Example:
         >>> from jaxckpt import nn, plan
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=2)
-        >>> p = plan.plan_memory(cfg, 2, 128, budget=20 * 2**20)
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=2), batch=2, seq=128)
+        >>> p = plan.plan_memory(w, budget=20 * 2**20)
         >>> p.measured.peak <= 20 * 2**20
         True
     """
-    for name, value in (
-        ("batch", batch),
-        ("seq", seq),
-        ("micro_batches", micro_batches),
-        ("budget", budget),
-        ("devices", devices),
-    ):
-        require_positive_int(name, value, "plan_memory: ")
-    local_batch(batch, devices)  # the error names both numbers
+    require_workload(workload, "plan_memory")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"plan_memory: budget={budget!r} must be a positive int (bytes)")
     if not 0.0 <= headroom < 1.0:
-        raise ValueError(f"plan_memory: headroom must be in [0, 1), got {headroom!r}")
-    device = DEVICES[device] if isinstance(device, str) else device
+        raise ValueError(f"plan_memory: headroom={headroom!r} must be in [0, 1)")
+    device = device_preset(device) if isinstance(device, str) else device
     limit = int(budget * (1 - headroom))
-    size = dict(optimizer=optimizer, micro_batches=micro_batches, devices=devices)
     attempts = []
 
     def try_spec(spec: RematSpec) -> MemoryReport:
         done = next((m for s, _, m in attempts if s == spec), None)
-        if done is not None:
-            return done
-        measured = measure(config, batch, seq, spec, **size)
-        attempts.append((spec, predict(config, batch, seq, spec, **size), measured))
-        return measured
+        if done is None:
+            done = measure(workload, spec)
+            attempts.append((spec, predict(workload, spec), done))
+        return done
 
     def found(spec: RematSpec) -> MemoryPlan:
-        c = choice(config, batch, seq, spec, **size)
-        return _plan(config, batch, seq, budget, c, try_spec(spec), minimum, attempts, micro_batches, devices)
+        return _plan(workload, budget, choice(workload, spec), try_spec(spec), minimum, attempts)
 
-    solve_ = lambda target, excluded: solve(
-        config, batch, seq, target, device=device, offload=offload, exclude=excluded, **size
-    )
-    minimum = predict(config, batch, seq, "full", **size).total
+    minimum = predict(workload, "full").total
     # The prediction is within a few % of XLA, either way: a spec predicted slightly over
     # the limit may fit, so the search starts optimistic and lets the compiler decide.
     target = int(limit * (1 + PREDICTION_MARGIN))
     none = PRESETS["none"]
-    if predict(config, batch, seq, none, **size).total <= target and try_spec(none).peak <= limit:
+    if predict(workload, none).total <= target and try_spec(none).peak <= limit:
         return found(none)  # no recompute at all
     excluded: list[RematSpec] = []
     for _ in range(MAX_ATTEMPTS):
-        spec = solve_(target, excluded)
+        spec = solve(workload, target, device=device, offload=offload, exclude=excluded)
         if spec is None:
             break
         measured = try_spec(spec)
@@ -174,18 +166,15 @@ def plan_memory(
         # that fits. After a few misses the prediction is evidently low: ask for less.
         excluded.append(spec)
         if len(excluded) >= CUTS_BEFORE_TIGHTENING:
-            predicted = predict(config, batch, seq, spec, **size).total
-            target = min(target, predicted) - (measured.peak - limit)
+            target = min(target, predict(workload, spec).total) - (measured.peak - limit)
     # the prediction may be above what XLA needs: full remat settles it
-    if try_spec(PRESETS["full"]).peak <= limit:
-        return found(PRESETS["full"])
     smallest = try_spec(PRESETS["full"]).peak
-    raise BudgetError(_infeasible_message(config, batch, seq, limit, smallest, size), smallest)
+    if smallest <= limit:
+        return found(PRESETS["full"])
+    raise BudgetError(_infeasible_message(workload, limit, smallest), smallest)
 
 
-def _plan(
-    config, batch, seq, budget, c: Choice, measured, minimum, attempts, micro_batches, devices
-) -> MemoryPlan:
+def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempts) -> MemoryPlan:
     return MemoryPlan(
         spec=c.spec,
         remat=spec_name(c.spec),
@@ -193,38 +182,38 @@ def _plan(
         predicted=c.predicted,
         measured=measured,
         recompute_flops=c.recompute_flops,
-        step_flops=step_flops(config, batch // devices, seq, micro_batches),
-        devices=devices,
+        step_flops=step_flops(workload),
+        devices=workload.devices,
         minimum_bytes=minimum,
         attempts=tuple(attempts),
     )
 
 
-def _infeasible_message(config, batch, seq, limit, smallest, size) -> str:
+def _infeasible_message(workload: Workload, limit: int, smallest: int) -> str:
     """What would fit instead: micro-batches, a shorter sequence, another optimizer, more devices."""
-    full = lambda b=batch, t=seq, **kw: predict(config, b, t, "full", **{**size, **kw}).total
-    devices = size["devices"]
+    full = lambda **changes: predict(workload.replace(**changes), "full").total
+    batch, seq, devices, micro = workload.batch, workload.seq, workload.devices, workload.micro_batches
     hints = []
     for m in (2, 4, 8, 16, 32):
         b = batch // m
-        if batch % m == 0 and b % devices == 0 and full(b, micro_batches=m * size["micro_batches"]) <= limit:
-            hints.append(f"--batch {b} --micro-batches {m * size['micro_batches']} (same tokens per step)")
+        if batch % m == 0 and b % devices == 0 and full(batch=b, micro_batches=m * micro) <= limit:
+            hints.append(f"batch={b} micro_batches={m * micro} (same tokens per step)")
             break
     for t in (seq // 2, seq // 4, seq // 8):
-        if t >= 1 and full(t) <= limit:
-            hints.append(f"--seq {t}")
+        if t >= 1 and full(seq=t) <= limit:
+            hints.append(f"seq={t}")
             break
     for opt in ("adafactor", "sgd"):
-        if opt != size["optimizer"] and full(optimizer=opt) <= limit:
-            hints.append(f"--optimizer {opt}")
+        if opt != workload.optimizer and full(optimizer=opt) <= limit:
+            hints.append(f"optimizer={opt!r}")
             break
     # FSDP splits the state, the update and the batch over the devices
     more = [d for d in (2, 4, 8, 16, 32, 64, 128, 256) if d > devices and batch % d == 0]
     fits = next((d for d in more if full(devices=d) <= limit), None)
     if fits is not None:
-        hints.append(f"--devices {fits} (FSDP: jaxckpt train --mesh fsdp={fits})")
+        hints.append(f"devices={fits} (FSDP: mesh='fsdp={fits}')")
     hint = "; ".join(hints) if hints else "a larger device"
-    params, opt_bytes = state_bytes(config, size["optimizer"], devices)
+    params, opt_bytes = state_bytes(workload)
     where = "per device " if devices > 1 else ""
     return (
         f"no remat spec fits {format_bytes(limit)}: the smallest peak is {format_bytes(smallest)} "

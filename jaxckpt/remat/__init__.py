@@ -11,7 +11,6 @@ Example:
 """
 
 from jaxckpt._tags import Tag
-from jaxckpt.remat._by_cost import by_cost, tag_flops_per_byte
 from jaxckpt.remat._describe import RematReport, Residual, describe
 from jaxckpt.remat._presets import AUTO, PRESETS, get
 from jaxckpt.remat._spec import RematSpec, has_pinned_host, require_pinned_host
@@ -23,10 +22,8 @@ __all__ = [
     "RematSpec",
     "Residual",
     "Tag",
-    "by_cost",
     "describe",
     "get",
     "has_pinned_host",
     "require_pinned_host",
-    "tag_flops_per_byte",
 ]

@@ -29,7 +29,7 @@ class TrainRun:
     memory: MemoryReport
     trainer: Trainer = dataclasses.field(repr=False)
     plan: object = None
-    """The planner's ``MemoryPlan`` when the config asked for ``remat="auto"``, else None."""
+    """The planner's ``MemoryPlan`` that chose ``config.remat`` (``train(..., plan=)``), else None."""
 
     def to_dict(self) -> dict:
         """``{"steps": [{"step", "loss", "step_seconds"}], "temp_bytes", "memory", "plan"}``."""
@@ -50,7 +50,7 @@ def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -
     if not force:
         raise FileExistsError(
             f"{str(directory)!r} already holds checkpoints (latest step {latest}); "
-            "pass --resume to continue from it or --force to replace it"
+            "pass resume=True to continue from it or force=True to replace it"
         )
     if is_primary():
         shutil.rmtree(directory)
@@ -83,7 +83,7 @@ def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     if saved and changed:
         diffs = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
-        raise ValueError(f"--resume: {str(directory)!r} was trained with different settings ({diffs})")
+        raise ValueError(f"resume=True: {str(directory)!r} was trained with different settings ({diffs})")
 
 
 def train(
@@ -103,11 +103,14 @@ def train(
     init_from: str | os.PathLike | None = None,
     progress: bool = True,
     mesh=None,
+    plan=None,
 ) -> TrainRun:
     """Trains a ``Transformer`` on byte-level text; the remat spec is ``config.remat``.
 
-    With ``config.remat == "auto"`` the planner first picks the spec of least
-    recompute whose compiled step fits ``config.budget`` (``TrainRun.plan``).
+    ``config.remat == "auto"`` is answered by the planner before training (the planner
+    compiles train steps, so it sits above ``train``): ``config, plan =
+    jaxckpt.plan.resolve_auto(config, batch=..., seq=..., micro_batches=..., mesh=...)``,
+    then ``train(config, ..., plan=plan)``.
 
     Step ``s`` always trains on the same batch (a pure function of ``seed`` and
     ``s``), so resuming from a checkpoint reproduces the uninterrupted run.
@@ -128,6 +131,8 @@ def train(
             ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"`` over ``jax.devices()``.
             None: one device; in a multi-process run (after ``train.initialize``)
             ``data`` = the processes and ``fsdp`` = each process's devices.
+        plan: the planner's ``MemoryPlan`` that chose ``config.remat``, kept in
+            ``TrainRun.plan`` (its spec must be ``config.remat``).
 
     Multi-process runs: every process calls ``train`` with the same arguments (each
     builds the same model and global batches and places only its own shards); only
@@ -150,21 +155,15 @@ def train(
         [0, 1]
     """
     require_positive_int("steps", steps)
+    _check_remat(config, plan)
     if resume and checkpoint_dir is None:
-        raise ValueError("--resume needs --checkpoint-dir")
+        raise ValueError("resume=True needs checkpoint_dir")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     batches = ByteBatches(load_tokens(data), batch, seq, seed=seed, micro_batches=micro_batches)
     if mesh is None:
         mesh = default_mesh_axes()
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
         mesh = make_mesh(mesh)
-    plan = None
-    if config.remat == AUTO:
-        from jaxckpt.plan import plan_memory  # the planner compiles train steps: imported here
-
-        devices = _planned_devices(mesh)
-        plan = plan_memory(config, batch, seq, config.budget, micro_batches=micro_batches, devices=devices)
-        config = config.replace(remat=plan.spec)
     trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(batches.batch_at(0).shape))
@@ -187,17 +186,19 @@ def train(
     return TrainRun(records, memory, trainer, plan)
 
 
-def _planned_devices(mesh) -> int:
-    """The FSDP device count ``remat="auto"`` plans for: the planner models ``fsdp=D``
-    meshes (the state split D ways, the batch too), so a ``data`` axis is refused."""
-    if mesh is None:
-        return 1
-    if mesh.shape.get("data", 1) != 1:
+def _check_remat(config: TransformerConfig, plan) -> None:
+    """``remat="auto"`` must be resolved before ``train``; a given plan must be the config's."""
+    if config.remat == AUTO:
         raise ValueError(
-            f"--remat auto plans per device for FSDP meshes (fsdp=N); --mesh {dict(mesh.shape)} has "
-            "a data axis: use --mesh fsdp=N, or pick --remat explicitly"
+            "train: config.remat='auto' is resolved by the planner before training: call "
+            "config, plan = jaxckpt.plan.resolve_auto(config, batch=..., seq=..., micro_batches=..., "
+            "mesh=...), then train.train(config, ..., plan=plan)"
         )
-    return mesh.size
+    if plan is not None and plan.spec != config.remat_spec:
+        raise ValueError(
+            f"train: plan chose {plan.spec!r} but config.remat is {config.remat!r}: pass the config "
+            "that jaxckpt.plan.resolve_auto returned with it"
+        )
 
 
 def _run_steps(trainer, batches, start, steps, progress, memory, directory, every, meta) -> list[dict]:

@@ -3,22 +3,30 @@
 The seed saves an op's output when its measured cost exceeds a fixed 10 ms. Here the
 cost is per byte kept: a tag is saved when the FLOPs of recomputing it, per byte it
 would occupy, exceed ``threshold``. The rule looks at one tag at a time; the planner
-(``jaxckpt.plan.plan_memory``) weighs them together under a budget and does better
+(``plan_memory``) weighs them together under a budget and does better
 (``benchmarks/bench_planner.py``).
 """
 
 from jaxckpt._tags import Tag
-from jaxckpt.remat._spec import RematSpec
+from jaxckpt.nn import TransformerConfig
+from jaxckpt.plan._layer_graph import layer_graph
+from jaxckpt.plan._workload import Workload
+from jaxckpt.remat import RematSpec
 
 
-def tag_flops_per_byte(config, seq: int) -> dict[Tag, float]:
+def tag_flops_per_byte(config: TransformerConfig, seq: int) -> dict[Tag, float]:
     """For each tag of one layer: forward FLOPs of the ops producing it per byte of it.
 
-    The ratio does not depend on the batch size (both scale with it).
-    """
-    from jaxckpt.plan import layer_graph  # the planner depends on jaxckpt.remat, not the reverse
+    The ratio does not depend on the batch size (both scale with it), so it takes the
+    model and the sequence length only.
 
-    graph = layer_graph(config, 1, seq)
+    Example:
+        >>> from jaxckpt import nn, plan, remat
+        >>> ratios = plan.tag_flops_per_byte(nn.TransformerConfig.preset("tiny"), seq=256)
+        >>> ratios[remat.Tag.Q_PROJ] > ratios[remat.Tag.NORM_OUT]  # a matmul, then a norm
+        True
+    """
+    graph = layer_graph(Workload(config, batch=1, seq=seq))
     flops: dict[Tag, float] = {}
     nbytes: dict[Tag, int] = {}
     for op in graph.ops:
@@ -31,7 +39,7 @@ def tag_flops_per_byte(config, seq: int) -> dict[Tag, float]:
     return {tag: flops[tag] / nbytes[tag] for tag in flops}
 
 
-def by_cost(threshold: float, config, seq: int) -> RematSpec:
+def by_cost(threshold: float, config: TransformerConfig, seq: int) -> RematSpec:
     """Saves every tag whose recompute FLOPs per byte exceed ``threshold``.
 
     Args:
@@ -42,13 +50,16 @@ def by_cost(threshold: float, config, seq: int) -> RematSpec:
     Returns:
         A per-layer ``RematSpec``.
 
+    Raises:
+        ValueError: for a threshold that is not a number >= 0.
+
     Example:
-        >>> from jaxckpt import nn, remat
-        >>> spec = remat.by_cost(50.0, nn.TransformerConfig.preset("tiny"), seq=256)
+        >>> from jaxckpt import nn, plan
+        >>> spec = plan.by_cost(50.0, nn.TransformerConfig.preset("tiny"), seq=256)
         >>> sorted(map(str, spec.save))  # matmul outputs and attention, not the cheap norms
         ['attn_lse', 'attn_out', 'k_proj', 'mlp_down', 'mlp_gate', 'mlp_up', 'out_proj', 'q_proj', 'v_proj']
     """
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 0:
-        raise ValueError(f"by_cost: threshold must be a number of FLOPs per byte >= 0, got {threshold!r}")
+        raise ValueError(f"by_cost: threshold={threshold!r} must be a number of FLOPs per byte >= 0")
     ratios = tag_flops_per_byte(config, seq)
     return RematSpec(save={tag for tag, ratio in ratios.items() if ratio > threshold})

@@ -1,0 +1,167 @@
+"""``preset_table``: every remat preset's predicted bytes next to the spec ``plan_memory`` chose.
+
+This is what ``jaxckpt plan`` prints: one row per preset, predicted from shapes
+(``choice``, no compile), plus the solved spec when no preset was chosen, the
+planner's answer (or its ``BudgetError``) and every spec it compiled on the way.
+"""
+
+import dataclasses
+
+from jaxckpt.plan._cost import Choice, choice, step_flops
+from jaxckpt.plan._devices import DevicePreset, device_preset
+from jaxckpt.plan._measure import CPU_CAVEAT
+from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
+from jaxckpt.plan._specs import spec_dict, spec_name
+from jaxckpt.plan._workload import Workload, require_workload
+from jaxckpt.remat import PRESETS, has_pinned_host
+
+
+@dataclasses.dataclass(frozen=True)
+class PresetRow:
+    """One row of the table: a spec's predicted bytes and recompute, one device's."""
+
+    remat: str
+    choice: Choice
+    fits: bool
+    recompute_fraction: float
+
+    def to_dict(self) -> dict:
+        """The row as ``jaxckpt plan --json`` writes it."""
+        p = self.choice.predicted
+        return {
+            "remat": self.remat,
+            "params_bytes": int(p.params),
+            "grads_bytes": int(p.grads),
+            "optimizer_bytes": int(p.optimizer),
+            "activation_bytes": int(p.activations),
+            "total_bytes": int(p.total),
+            "fits": self.fits,
+            "recompute_flops": int(self.choice.recompute_flops),
+            "recompute_fraction": self.recompute_fraction,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class PresetTable:
+    """The answer of ``preset_table``.
+
+    Attributes:
+        workload: what was planned for. budget: bytes per device; headroom: the
+            fraction kept free, so ``usable_bytes`` were allowed.
+        rows: every preset usable here (offload presets need ``pinned_host``), then the
+            solved spec when the planner chose one that is no preset.
+        chosen: the ``MemoryPlan``, or None when nothing fits (then ``error`` says why).
+        minimum_bytes: the smallest peak: predicted (the least row, or full remat), or
+            measured by XLA when nothing fits (``minimum_source``).
+        step_flops: one device's FLOPs of a step without remat.
+        device: the device name the budget came from (None: a size was given).
+        model: the model's preset name, for the report.
+    """
+
+    workload: Workload
+    budget: int
+    headroom: float
+    rows: tuple[PresetRow, ...]
+    chosen: MemoryPlan | None
+    error: BudgetError | None
+    minimum_bytes: int
+    minimum_source: str
+    step_flops: int
+    offload_shown: bool
+    device: str | None = None
+    model: str | None = None
+
+    @property
+    def usable_bytes(self) -> int:
+        """The budget less the headroom."""
+        return int(self.budget * (1 - self.headroom))
+
+    def to_dict(self) -> dict:
+        """The JSON of ``jaxckpt plan --json``: the rows, the choice and its attempts (or the error)."""
+        w = self.workload
+        size = {"optimizer": w.optimizer, "micro_batches": w.micro_batches, "devices": w.devices}
+        result = {
+            "budget_bytes": int(self.budget),
+            "headroom": self.headroom,
+            "usable_bytes": self.usable_bytes,
+            "minimum_bytes": self.minimum_bytes,
+            "minimum_source": self.minimum_source,
+            "step_flops": self.step_flops,
+            "rows": [row.to_dict() for row in self.rows],
+            "chosen": None,
+            "caveat": CPU_CAVEAT,
+            "offload_rows": "shown" if self.offload_shown else "omitted: no pinned_host memory here",
+            "model": self.model,
+            "device": self.device,
+            "config": {"batch": w.batch, "seq": w.seq, "param_dtype": w.config.param_dtype, **size},
+        }
+        if self.chosen is None:
+            return {**result, "error": str(self.error)}
+        c = self.chosen
+        spec = {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(c.spec).items()}
+        result["chosen"] = {**c.to_dict(), "spec": spec, "predicted_bytes": int(c.predicted.total)}
+        result["attempts"] = [  # every spec the planner compiled, in order
+            {"remat": spec_name(s), "predicted_bytes": int(p.total), "measured_bytes": int(m.peak)}
+            for s, p, m in c.attempts
+        ]
+        return result
+
+
+def preset_table(
+    workload: Workload,
+    budget: int,
+    *,
+    headroom: float = 0.0,
+    device: "str | DevicePreset | None" = None,
+    model: str | None = None,
+) -> PresetTable:
+    """Every remat preset's predicted bytes and recompute, and ``plan_memory``'s answer.
+
+    Args:
+        workload: the step. budget: bytes per device. headroom: the fraction kept free.
+        device: the device the budget is (a ``DEVICES`` name or preset): it prices
+            recompute and offload; None prices them as ``"cpu"`` and names no device.
+        model: the model's preset name, carried into the report.
+
+    Returns:
+        A ``PresetTable``; when nothing fits, its ``chosen`` is None and ``error`` the
+        planner's ``BudgetError`` (nothing is raised for it).
+
+    Raises:
+        ValueError: for a bad budget or headroom (as ``plan_memory``).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=2), batch=2, seq=64)
+        >>> t = plan.preset_table(w, budget=20 * 2**20)
+        >>> t.chosen.measured.peak <= 20 * 2**20, [r.remat for r in t.rows][:2]
+        (True, ['none', 'full'])
+    """
+    require_workload(workload, "preset_table")
+    preset = device_preset(device) if isinstance(device, str) else device
+    name = None if preset is None else preset.name
+    chosen, error = None, None
+    try:
+        chosen = plan_memory(workload, budget, headroom=headroom, device=preset or device_preset("cpu"))
+    except BudgetError as err:
+        error = err
+    limit = int(budget * (1 - headroom))
+    step = step_flops(workload)
+    names = [n for n in PRESETS if has_pinned_host() or not PRESETS[n].offload]
+    rows = [_row(n, choice(workload, n), limit, step) for n in names]
+    if chosen is not None and chosen.remat not in names:
+        c = Choice(chosen.spec, chosen.predicted, chosen.recompute_flops, 0)
+        rows.append(_row(chosen.remat, c, limit, step))
+    if chosen is not None:  # both predicted: the planner's full-remat figure and the rows'
+        minimum = min([int(chosen.minimum_bytes)] + [int(r.choice.predicted.total) for r in rows])
+        source = "predicted"
+    else:
+        minimum, source = int(error.minimum_bytes), "measured"
+    return PresetTable(
+        workload, budget, headroom, tuple(rows), chosen, error, minimum, source, step, has_pinned_host(),
+        device=name, model=model,
+    )  # fmt: skip
+
+
+def _row(name: str, c: Choice, limit: int, step: int) -> PresetRow:
+    return PresetRow(name, c, int(c.predicted.total) <= limit, c.recompute_flops / step)

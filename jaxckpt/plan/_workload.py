@@ -1,0 +1,173 @@
+"""``Workload``: what the planner plans for, and every per-device quantity derived from it.
+
+A workload is one train step: the model, the **global** batch ``B`` of ``[B, T]``
+sequences, the micro-batches accumulated per step, the optimizer and the FSDP
+devices it is split over (``jaxckpt train --mesh fsdp=D``: every device holds a
+``1/D`` share of the state and ``B / D`` sequences). The remat spec is not part of it:
+it is what the planner chooses (``measure(workload, remat)``).
+
+This module is the bottom of ``jaxckpt.plan``; the other modules import it.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import jax
+import optax
+
+from jaxckpt.nn import TransformerConfig
+from jaxckpt.train import OptimizerConfig, parse_mesh
+
+OPTIMIZERS = MappingProxyType(
+    {
+        "adamw": lambda: OptimizerConfig().transformation(),
+        "sgd": lambda: optax.sgd(1e-3, momentum=None),
+        "adafactor": lambda: optax.adafactor(1e-3),
+    }
+)
+"""Optimizer name -> optax transformation factory (the state size is what matters here)."""
+
+MESH_AXES = ("data", "fsdp")
+"""The mesh axes ``jaxckpt.train`` splits over; the planner models ``data=1, fsdp=D``."""
+
+
+def require_workload(workload, where: str) -> None:
+    """Raises a ``TypeError`` naming ``where`` unless ``workload`` is a ``Workload``."""
+    if not isinstance(workload, Workload):
+        raise TypeError(
+            f"{where}: workload must be a plan.Workload, got {type(workload).__name__} "
+            "(e.g. plan.Workload(config, batch=8, seq=512))"
+        )
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Workload: {name}={value!r} must be a positive int")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One train step to plan for (frozen and hashable: the planner caches on it).
+
+    Attributes:
+        config: the model (its ``remat`` field is ignored: the planner is given the spec).
+        batch: the **global** batch ``B``, summed over the devices (one micro-batch).
+        seq: tokens per sequence ``T``.
+        micro_batches: micro-batches accumulated per step (the input is ``[M, B, T + 1]``).
+        optimizer: a key of ``OPTIMIZERS``.
+        devices: FSDP devices (``fsdp=D``); every byte figure is then one device's.
+
+    A new field is one line here (with its default); ``to_dict``, ``from_dict`` and
+    ``replace`` follow the dataclass fields.
+
+    Raises:
+        TypeError: when ``config`` is not a ``TransformerConfig``.
+        ValueError: for a size that is not a positive int, an unknown optimizer, or a
+            batch the devices do not divide (the message names the fields).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=8, seq=64, devices=4)
+        >>> w.local_batch, w.local_tokens
+        (2, 128)
+    """
+
+    config: TransformerConfig
+    batch: int
+    seq: int
+    micro_batches: int = 1
+    optimizer: str = "adamw"
+    devices: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.config, TransformerConfig):
+            raise TypeError(f"Workload: config must be a TransformerConfig, got {type(self.config).__name__}")
+        for name in ("batch", "seq", "micro_batches", "devices"):
+            _positive_int(name, getattr(self, name))
+        if self.optimizer not in OPTIMIZERS:
+            valid = ", ".join(OPTIMIZERS)
+            raise ValueError(f"Workload: optimizer={self.optimizer!r} is unknown; valid: {valid}")
+        if self.batch % self.devices:
+            raise ValueError(
+                f"Workload: batch={self.batch} must be a multiple of devices={self.devices}: FSDP gives "
+                "each device an equal share of the batch"
+            )
+
+    @classmethod
+    def on_mesh(cls, config: TransformerConfig, batch: int, seq: int, mesh, **fields) -> "Workload":
+        """The workload of a run on ``mesh`` (as ``jaxckpt.train.train`` takes it).
+
+        Args:
+            mesh: None (one device), a ``jax.sharding.Mesh``, axis sizes such as
+                ``{"fsdp": 4}`` or ``"fsdp=4"``. The planner models FSDP meshes only.
+            fields: the other fields (``micro_batches``, ``optimizer``).
+
+        Raises:
+            ValueError: for a mesh with a ``data`` axis.
+
+        Example:
+            >>> from jaxckpt import nn, plan
+            >>> plan.Workload.on_mesh(nn.TransformerConfig.preset("tiny"), 8, 64, "fsdp=4").devices
+            4
+        """
+        if mesh is None:
+            return cls(config, batch, seq, **fields)
+        if isinstance(mesh, jax.sharding.Mesh):
+            shape = dict(mesh.shape)
+        else:
+            shape = parse_mesh(mesh) if isinstance(mesh, str) else dict(mesh)
+        shape = {name: shape.get(name, 1) for name in MESH_AXES} | shape
+        if shape["data"] != 1:
+            raise ValueError(
+                f"remat='auto' plans per device for FSDP meshes (fsdp=N); mesh={shape} has a data axis: "
+                "use mesh='fsdp=N', or pick remat explicitly"
+            )
+        return cls(config, batch, seq, **fields, devices=shape["fsdp"])
+
+    @property
+    def local_batch(self) -> int:
+        """One device's share of ``batch`` (``B / D``)."""
+        return self.batch // self.devices
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens one device runs per micro-batch (``B / D x T``)."""
+        return self.local_batch * self.seq
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """The step's global token input ``[M, B, T + 1]`` (int32)."""
+        return (self.micro_batches, self.batch, self.seq + 1)
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of one device's share of the token input."""
+        return self.micro_batches * self.local_batch * (self.seq + 1) * 4
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """The mesh planned for: every device in ``fsdp`` (ZeRO-3), ``data=1``."""
+        return {"data": 1, "fsdp": self.devices}
+
+    def replace(self, **changes) -> "Workload":
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """The fields as JSON-ready values (``config`` through ``TransformerConfig.to_dict``)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**fields, "config": self.config.to_dict()}
+
+    @classmethod
+    def from_dict(cls, fields: Mapping) -> "Workload":
+        """The workload that ``to_dict`` wrote.
+
+        Raises:
+            ValueError: naming any field that ``Workload`` does not have.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"Workload.from_dict: unknown fields {unknown}; valid: {sorted(known)}")
+        return cls(**{**fields, "config": TransformerConfig.from_dict(fields["config"])})
