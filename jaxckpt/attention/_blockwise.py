@@ -5,6 +5,10 @@ mask arrays, the dropout seed), the output and the fp32 log-sum-exp: O(T), never
 T x S. The output and the lse are tagged ``Tag.ATTN_OUT`` / ``Tag.ATTN_LSE``
 inside the forward rule, so a remat policy that saves those two names keeps the
 attention forward out of the recomputation.
+
+The VJP is defined twice over the same rules: with symbolic zeros, so that a bias
+that is not differentiated costs no gradient, and without, for ``jax.shard_map``,
+which supports no symbolic zeros (there a given bias always gets its gradient).
 """
 
 import dataclasses
@@ -29,6 +33,7 @@ from jaxckpt.attention._tiles import (
     to_tiles,
 )
 from jaxckpt.attention._validate import AttentionInputs, MaskArrays
+from jaxckpt.attention._vma import varying_axes
 
 
 @functools.partial(
@@ -56,20 +61,29 @@ def _tagged_forward(tl: Tiling, q, k, v, bias, arrays, seed):
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(tl: Tiling, q, k, v, bias, arrays: MaskArrays, seed):
     return _tagged_forward(tl, q, k, v, bias, arrays, seed)
 
 
-def _fwd(tl: Tiling, q, k, v, bias, arrays, seed):
-    need_dbias = bias is not None and bias.perturbed
-    q, k, v, bias, arrays, seed = jax.tree.map(lambda x: x.value, (q, k, v, bias, arrays, seed))
+def _fwd(tl: Tiling, q, k, v, bias, arrays, seed, *, need_dbias: bool):
     out, lse = _tagged_forward(tl, q, k, v, bias, arrays, seed)
     return (out, lse), _Residuals(q, k, v, bias, arrays, seed, out, lse, need_dbias)
 
 
+def _fwd_symbolic(tl: Tiling, q, k, v, bias, arrays, seed):
+    """With symbolic zeros: the bias gradient is computed only if the bias is differentiated."""
+    need_dbias = bias is not None and bias.perturbed
+    q, k, v, bias, arrays, seed = jax.tree.map(lambda x: x.value, (q, k, v, bias, arrays, seed))
+    return _fwd(tl, q, k, v, bias, arrays, seed, need_dbias=need_dbias)
+
+
+def _fwd_plain(tl: Tiling, q, k, v, bias, arrays, seed):
+    """Without symbolic zeros (``jax.shard_map`` supports none): a bias always gets its gradient."""
+    return _fwd(tl, q, k, v, bias, arrays, seed, need_dbias=bias is not None)
+
+
 def _bwd(tl: Tiling, res: _Residuals, cts):
-    d_out = cts[0]
+    d_out = cts[0]  # the lse is not differentiated: its cotangent is ignored
     if isinstance(d_out, SymbolicZero):
         d_out = jnp.zeros(d_out.shape, d_out.dtype)
     d = to_tiles(res.q, res.k, res.v, res.bias, res.arrays, res.seed, tl)
@@ -87,7 +101,17 @@ def _bwd(tl: Tiling, res: _Residuals, cts):
     )
 
 
-_attention.defvjp(_fwd, _bwd, symbolic_zeros=True)
+_symbolic = jax.custom_vjp(_attention, nondiff_argnums=(0,))
+_symbolic.defvjp(_fwd_symbolic, _bwd, symbolic_zeros=True)
+_plain = jax.custom_vjp(_attention, nondiff_argnums=(0,))
+_plain.defvjp(_fwd_plain, _bwd)
+
+
+def _in_shard_map(*trees) -> bool:
+    """Inside ``jax.shard_map`` (manual mesh axes, or inputs varying over some)."""
+    if jax.sharding.get_abstract_mesh().manual_axes:
+        return True
+    return any(varying_axes(x) for x in jax.tree.leaves(trees))
 
 
 def blockwise_attention(p: AttentionInputs, block_sizes: BlockSizes | None = None):
@@ -100,5 +124,6 @@ def blockwise_attention(p: AttentionInputs, block_sizes: BlockSizes | None = Non
         block_sizes = BlockSizes.auto(p.query.shape[0] * p.query.shape[2])
     tl = Tiling.create(p.static, block_sizes, p.query.shape, p.key.shape, p.query.dtype)
     seed = None if p.dropout_rng is None else _dropout.rng_seed(p.dropout_rng)
-    out, lse = _attention(tl, p.query, p.key, p.value, p.bias, p.arrays, seed)
+    args = (p.query, p.key, p.value, p.bias, p.arrays, seed)
+    out, lse = (_plain if _in_shard_map(args) else _symbolic)(tl, *args)
     return out, jax.lax.stop_gradient(lse)

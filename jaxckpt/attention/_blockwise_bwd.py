@@ -34,6 +34,7 @@ from jaxckpt.attention._tiles import (
     tile_logits,
     unflat,
 )
+from jaxckpt.attention._vma import vary_like
 
 
 class BackwardTiles(NamedTuple):
@@ -108,12 +109,12 @@ def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
         def q_step(i, c):
             return mask_only_if_needed(d, i, j, update, i, c)
 
-        zeros = jnp.zeros(key_side, jnp.float32)
+        zeros = vary_like(jnp.zeros(key_side, jnp.float32), d, e)
         dk_t, dv_t, dq, dbias = lax.fori_loop(start, stop, q_step, (zeros, zeros, dq, dbias))
         return (dq, dbias), ((dk_t * tl.logit_scale).astype(d.k_t.dtype), dv_t.astype(d.v.dtype))
 
-    dq0 = jnp.zeros(d.q.shape, jnp.float32)
-    (dq, dbias), (dk_t, dv_t) = lax.scan(k_step, (dq0, dbias0), (jnp.arange(tl.nk), lo, hi))
+    carry = vary_like((jnp.zeros(d.q.shape, jnp.float32), dbias0), d, e)
+    (dq, dbias), (dk_t, dv_t) = lax.scan(k_step, carry, (jnp.arange(tl.nk, dtype=jnp.int32), lo, hi))
     return (dq * tl.static.scale).astype(d.q.dtype), dk_t, dv_t, dbias
 
 

@@ -22,6 +22,7 @@ from jaxckpt.attention._tiles import (
     tile_keep,
     tile_logits,
 )
+from jaxckpt.attention._vma import vary_like
 
 
 def _update(tl: Tiling, d: Tiles, i, q_tile, j, carry, *, masked: bool):
@@ -64,6 +65,7 @@ def forward(tl: Tiling, d: Tiles) -> tuple[jax.Array, jax.Array]:
             jnp.zeros(stat_shape, jnp.float32),
             jnp.zeros((*stat_shape, h), jnp.float32),
         )
+        init = vary_like(init, q_tile, d)
         row_max, row_sum, acc = lax.fori_loop(start, stop, kv_step, init)
         seen = row_sum > 0
         denom = jnp.where(seen, row_sum, 1.0)
@@ -71,5 +73,5 @@ def forward(tl: Tiling, d: Tiles) -> tuple[jax.Array, jax.Array]:
         lse = jnp.where(seen, row_max + jnp.log(denom), -jnp.inf)
         return None, (out.astype(d.q.dtype), lse)
 
-    _, (out, lse) = lax.scan(q_step, None, (jnp.arange(tl.nq), d.q, lo, hi))
+    _, (out, lse) = lax.scan(q_step, None, (jnp.arange(tl.nq, dtype=jnp.int32), d.q, lo, hi))
     return out, lse

@@ -196,8 +196,15 @@ def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
 
 
 def pairwise_tile_start(x: jax.Array, tl: Tiling, i, j) -> tuple:
-    """Start indices of tile (i, j) in a :func:`pairwise_to_tiles` array."""
-    return (0, 0, 0, i * tl.bq if x.shape[3] > 1 else 0, j * tl.bk if x.shape[4] > 1 else 0)
+    """Start indices of tile (i, j) in a :func:`pairwise_to_tiles` array.
+
+    All int32, whatever ``jax_enable_x64`` says: ``dynamic_slice`` needs its start
+    indices to share one integer type, and a Python 0 would be int64 under x64.
+    """
+    zero = jnp.int32(0)
+    row = jnp.asarray(i, jnp.int32) * tl.bq if x.shape[3] > 1 else zero
+    col = jnp.asarray(j, jnp.int32) * tl.bk if x.shape[4] > 1 else zero
+    return (zero, zero, zero, row, col)
 
 
 def pairwise_tile(x: jax.Array, tl: Tiling, i, j) -> jax.Array:
