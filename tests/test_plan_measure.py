@@ -1,9 +1,12 @@
 """``jaxckpt.plan.measure``: XLA's figures for the real train step, from abstract inputs."""
 
+import jax
 import pytest
 from flax import nnx
 
-from jaxckpt import nn, plan, train
+from jaxckpt import nn, plan, remat, train
+from jaxckpt.plan import _measure
+from jaxckpt.plan._sharded import compile_in_subprocess
 
 CONFIG = nn.TransformerConfig.preset(
     "tiny", d_model=30, n_layers=3, n_heads=5, n_kv_heads=1, head_dim=6, ffn_dim=22
@@ -12,7 +15,7 @@ CONFIG = nn.TransformerConfig.preset(
 
 @pytest.mark.parametrize("remat", ["none", "full", "save_attn"])
 def test_measure_matches_the_compiled_trainer(remat):
-    report = plan.measure(CONFIG, batch=3, seq=17, remat=remat)
+    report = plan.measure(plan.Workload(CONFIG, batch=3, seq=17), remat=remat)
     trainer = train.Trainer(nn.Transformer(CONFIG, rngs=nnx.Rngs(0)), remat=remat)
     real = train.memory_report(trainer.compile((1, 3, 18)))
     assert (report.argument, report.output, report.temp, report.alias) == (
@@ -31,7 +34,7 @@ def test_measure_matches_the_compiled_trainer(remat):
 
 def test_optimizer_state_sizes():
     sizes = {
-        name: plan.measure(CONFIG, batch=1, seq=8, remat="full", optimizer=name).optimizer
+        name: plan.measure(plan.Workload(CONFIG, batch=1, seq=8, optimizer=name), remat="full").optimizer
         for name in plan.OPTIMIZERS
     }
     assert sizes["sgd"] < sizes["adafactor"] < sizes["adamw"]
@@ -39,7 +42,7 @@ def test_optimizer_state_sizes():
 
 def test_llama2_7b_is_measured_without_allocating():
     config = nn.TransformerConfig.preset("llama2-7b", n_layers=2)  # the full 32 layers compile alike
-    report = plan.measure(config, batch=1, seq=128, remat="full")
+    report = plan.measure(plan.Workload(config, batch=1, seq=128), remat="full")
     params_per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
     assert report.params == 4 * (2 * params_per_layer + 2 * 32000 * 4096 + 4096)  # fp32 params
     assert report.peak > 3 * report.params
@@ -48,14 +51,43 @@ def test_llama2_7b_is_measured_without_allocating():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(devices=8), ValueError, "batch 1 must be a multiple of devices=8"),
-        (dict(devices=0), ValueError, "devices must be a positive int"),
-        (dict(optimizer="lion"), ValueError, "unknown optimizer 'lion'"),
-        (dict(batch=0), ValueError, "batch must be a positive int"),
-        (dict(seq=CONFIG.max_len + 1), ValueError, "max_len"),
-        (dict(remat="nope"), ValueError, "unknown remat preset"),
+        (dict(devices=8), ValueError, "Workload: batch=1 must be a multiple of devices=8"),
+        (dict(devices=0), ValueError, "Workload: devices=0 must be a positive int"),
+        (dict(optimizer="lion"), ValueError, "Workload: optimizer='lion' is unknown"),
+        (dict(batch=0), ValueError, "Workload: batch=0 must be a positive int"),
     ],
 )
-def test_measure_rejects_bad_input(kwargs, error, match):
+def test_workload_rejects_bad_input(kwargs, error, match):
     with pytest.raises(error, match=match):
-        plan.measure(CONFIG, **{**dict(batch=1, seq=8, remat="full"), **kwargs})
+        plan.Workload(CONFIG, **{**dict(batch=1, seq=8), **kwargs})
+
+
+@pytest.mark.parametrize(
+    "workload, remat, error, match",
+    [
+        (plan.Workload(CONFIG, batch=1, seq=CONFIG.max_len + 1), "full", ValueError, "max_len"),
+        (plan.Workload(CONFIG, batch=1, seq=8), "nope", ValueError, "unknown remat preset"),
+        (CONFIG, "full", TypeError, "measure: workload must be a plan.Workload, got TransformerConfig"),
+    ],
+)
+def test_measure_rejects_bad_input(workload, remat, error, match):
+    with pytest.raises(error, match=match):
+        plan.measure(workload, remat)
+
+
+def test_measure_goes_to_a_subprocess_for_more_devices_than_this_process_has(monkeypatch):
+    asked = []
+    stub = lambda w, spec: asked.append((w, spec)) or "report"
+    monkeypatch.setattr(_measure, "compile_in_subprocess", stub)
+    many = plan.Workload(CONFIG, batch=2 * len(jax.devices()), seq=8, devices=2 * len(jax.devices()))
+    assert plan.measure(many, "full") == "report"
+    assert asked == [(many, remat.get("full"))]
+
+
+@pytest.mark.slow
+def test_the_subprocess_compile_gives_the_in_process_figures():
+    """The worker (``python -m jaxckpt.plan._sharded``) compiles the same FSDP step: a fresh
+    process with 2 simulated CPU devices reports what this 8-device process measures."""
+    workload = plan.Workload(CONFIG, batch=4, seq=16, devices=2)
+    spec = remat.get("save_attn")
+    assert compile_in_subprocess(workload, spec) == plan.measure(workload, spec)

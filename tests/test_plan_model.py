@@ -18,9 +18,8 @@ ON_CPU = [name for name, spec in remat.PRESETS.items() if not spec.offload]  # C
 
 
 def _error(config, batch, seq, preset, optimizer="adamw") -> float:
-    predicted = plan.predict(config, batch, seq, preset, optimizer=optimizer).total
-    measured = plan.measure(config, batch, seq, preset, optimizer=optimizer).peak
-    return predicted / measured - 1
+    workload = plan.Workload(config, batch, seq, optimizer=optimizer)
+    return plan.predict(workload, preset).total / plan.measure(workload, preset).peak - 1
 
 
 @pytest.mark.slow
@@ -39,8 +38,9 @@ def test_prediction_for_other_optimizers(optimizer):
 
 def test_reference_attention_keeps_t_squared_per_layer():
     cfg = nn.TransformerConfig.preset("tiny", attention="reference")
-    flash = plan.layer_graph(cfg.replace(attention="blockwise"), 2, 64).residual_bytes()
-    assert plan.layer_graph(cfg, 2, 64).residual_bytes() - flash >= 2 * 2 * cfg.n_heads * 64 * 64 * 4 - 2**16
+    flash = plan.layer_graph(plan.Workload(cfg.replace(attention="blockwise"), 2, 64)).residual_bytes()
+    scores = plan.layer_graph(plan.Workload(cfg, 2, 64)).residual_bytes() - flash
+    assert scores >= 2 * 2 * cfg.n_heads * 64 * 64 * 4 - 2**16
 
 
 def test_residual_bytes_match_jax_saved_residuals():
@@ -55,7 +55,7 @@ def test_residual_bytes_match_jax_saved_residuals():
         for r in saved
         if "from the argument s" not in r.src and "(promote_dtype" not in r.src and "_along_last" not in r.src
     ]
-    graph = plan.layer_graph(cfg, 2, 40)
+    graph = plan.layer_graph(plan.Workload(cfg, 2, 40))
     # JAX also lists the reshape of attn_out the output projection reads: the same buffer
     reshape_of_attn_out = graph.values["o"].nbytes
     assert graph.residual_bytes() == pytest.approx(sum(kept) - reshape_of_attn_out, rel=0.02)
@@ -64,7 +64,7 @@ def test_residual_bytes_match_jax_saved_residuals():
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_recompute_flops_fall_as_tags_are_saved(family):
     cfg = nn.TransformerConfig.preset("tiny" if family == "llama" else "gpt2", n_layers=1)
-    graph = plan.layer_graph(cfg, 1, 64)
+    graph = plan.layer_graph(plan.Workload(cfg, 1, 64))
     full = graph.recompute_flops(set())
     assert 0 < full <= graph.forward_flops()
     everything = {v.tag for v in graph.values.values() if v.tag}
@@ -74,17 +74,19 @@ def test_recompute_flops_fall_as_tags_are_saved(family):
 
 
 def test_a_saved_tag_nothing_reads_is_not_stored():
-    graph = plan.layer_graph(nn.TransformerConfig.preset("tiny"), 1, 32)
+    graph = plan.layer_graph(plan.Workload(nn.TransformerConfig.preset("tiny"), 1, 32))
     assert graph.stored_bytes({Tag.MLP_DOWN}) == graph.stored_bytes(set())
 
 
 def test_state_bytes_per_dtype_and_optimizer():
     cfg = nn.TransformerConfig.preset("tiny")
-    params, adamw = plan.state_bytes(cfg, "adamw")
-    half, _ = plan.state_bytes(cfg.replace(param_dtype="bfloat16"), "adamw")
+    w = plan.Workload(cfg, 1, 8)
+    params, adamw = plan.state_bytes(w)
+    half, _ = plan.state_bytes(w.replace(config=cfg.replace(param_dtype="bfloat16")))
     assert half == params // 2
     assert adamw == pytest.approx(2 * params, rel=0.01)
-    assert plan.state_bytes(cfg, "sgd")[1] < plan.state_bytes(cfg, "adafactor")[1] < adamw
+    sgd, adafactor = (plan.state_bytes(w.replace(optimizer=o))[1] for o in ("sgd", "adafactor"))
+    assert sgd < adafactor < adamw
 
 
 def test_korthikanti_flash_drops_the_quadratic_term():
@@ -97,12 +99,10 @@ def test_korthikanti_flash_drops_the_quadratic_term():
 
 def test_predict_rejects_bad_input():
     cfg = nn.TransformerConfig.preset("tiny")
-    with pytest.raises(ValueError, match="batch"):
-        plan.predict(cfg, 0, 8, "full")
-    with pytest.raises(ValueError, match="optimizer"):
-        plan.predict(cfg, 1, 8, "full", optimizer="lion")
     with pytest.raises(ValueError, match="auto"):
-        plan.predict(cfg, 1, 8, "auto")
+        plan.predict(plan.Workload(cfg, 1, 8), "auto")
+    with pytest.raises(TypeError, match=r"predict: workload must be a plan\.Workload"):
+        plan.predict(cfg, "full")
 
 
 @pytest.mark.slow
@@ -113,5 +113,8 @@ def test_per_layer_residuals_without_remat_match_the_measured_slope(family, atte
     """One more layer adds what ``residual_bytes`` says (Korthikanti's formula is the baseline;
     it counts 16-bit tensors and dropout masks, so it sits far below an fp32 model)."""
     cfg = nn.TransformerConfig.preset(family, n_layers=2, vocab_size=512, attention=attention)
-    two, three = (plan.measure(cfg.replace(n_layers=n), 2, 128, "none").activations for n in (2, 3))
-    assert plan.layer_graph(cfg, 2, 128).residual_bytes() == pytest.approx(three - two, rel=0.05)
+    two, three = (
+        plan.measure(plan.Workload(cfg.replace(n_layers=n), 2, 128), "none").activations for n in (2, 3)
+    )
+    per_layer = plan.layer_graph(plan.Workload(cfg, 2, 128)).residual_bytes()
+    assert per_layer == pytest.approx(three - two, rel=0.05)

@@ -21,7 +21,6 @@ Example:
 
 import argparse
 import json
-import re
 import sys
 
 from rich import box
@@ -30,6 +29,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from jaxckpt import nn, plan
+from jaxckpt.cli._flags import FLAGS, flag_message
 
 PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 """``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
@@ -107,41 +107,11 @@ def add_parser(sub) -> None:
         "--headroom", type=_fraction, default=0.0, help="fraction of the budget kept free (default 0)"
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, flags=PLAN_FLAGS)
 
 
-PLAN_FLAGS = {
-    "batch": "--batch",
-    "seq": "--seq",
-    "micro_batches": "--micro-batches",
-    "optimizer": "--optimizer",
-    "devices": "--devices",
-    "budget": "--budget",
-    "headroom": "--headroom",
-    "device": "--device",
-    "mesh": "jaxckpt train --mesh",
-}
-"""Library argument name -> the flag that sets it (``with_flags`` rewrites messages)."""
-
-
-def with_flags(message: str, flags: dict[str, str]) -> str:
-    """A library message with its argument names written as the command line's flags.
-
-    ``batch=3`` -> ``--batch 3``, ``mesh='fsdp=2'`` -> ``--mesh fsdp=2``, ``resume=True``
-    -> ``--resume``, a bare ``checkpoint_dir`` -> ``--checkpoint-dir``; a leading
-    ``Workload: `` (the library's "where") is dropped.
-
-    Example:
-        >>> with_flags("Workload: batch=3 must be a multiple of devices=2", PLAN_FLAGS)
-        '--batch 3 must be a multiple of --devices 2'
-    """
-    names = "|".join(re.escape(name) for name in sorted(flags, key=len, reverse=True))
-    text = re.sub(r"^(Workload|plan_memory|preset_table|resolve_auto|train): ", "", message)
-    text = re.sub(rf"\b({names})=True\b", lambda m: flags[m[1]], text)
-    text = re.sub(rf"\b({names})='([^']*)'", lambda m: f"{flags[m[1]]} {m[2]}", text)
-    text = re.sub(rf"\b({names})=", lambda m: f"{flags[m[1]]} ", text)
-    bare = "|".join(re.escape(name) for name in flags if "_" in name)
-    return re.sub(rf"(?<![\w.-])({bare})\b(?!=)", lambda m: flags[m[1]], text) if bare else text
+PLAN_FLAGS = {"mesh": "jaxckpt train --mesh"}
+"""Names whose flag is another command's here (``jaxckpt.cli._flags.FLAGS`` has the rest)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,23 +120,18 @@ def run(args: argparse.Namespace) -> int:
     config = nn.TransformerConfig.preset(args.model, **overrides)
     device = plan.device_preset(args.device or "cpu")
     budget = device.memory if args.device else args.budget
-    try:
-        workload = plan.Workload(
-            config,
-            args.batch,
-            args.seq,
-            micro_batches=args.micro_batches,
-            optimizer=args.optimizer,
-            devices=args.devices,
-        )
-        answer = plan.preset_table(
-            workload, budget, headroom=args.headroom, device=args.device, model=args.model
-        )
-    except ValueError as err:
-        raise ValueError(with_flags(str(err), PLAN_FLAGS)) from err
+    workload = plan.Workload(
+        config,
+        args.batch,
+        args.seq,
+        micro_batches=args.micro_batches,
+        optimizer=args.optimizer,
+        devices=args.devices,
+    )
+    answer = plan.preset_table(workload, budget, headroom=args.headroom, device=args.device, model=args.model)
     result = answer.to_dict()
-    if answer.error is not None:
-        result["error"] = with_flags(result["error"], PLAN_FLAGS)
+    if answer.error is not None:  # the planner's hints name arguments: the table names flags
+        result["error"] = flag_message(result["error"], {**FLAGS, **PLAN_FLAGS})
     if args.json:
         print(json.dumps(result, indent=2))
     else:

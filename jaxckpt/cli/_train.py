@@ -7,19 +7,6 @@ from rich.console import Console
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import implementations
-from jaxckpt.cli._plan import with_flags
-
-AUTO_FLAGS = {
-    "batch": "--batch",
-    "seq": "--seq",
-    "micro_batches": "--micro-batches",
-    "remat": "--remat",
-    "budget": "--budget",
-    "mesh": "--mesh",
-}
-"""Names in the planner's messages (``plan.resolve_auto``) -> this command's flags."""
-TRAIN_FLAGS = {"resume": "--resume", "force": "--force", "checkpoint_dir": "--checkpoint-dir"}
-"""Names in ``train.train``'s messages -> this command's flags."""
 
 
 def add_parser(sub) -> None:
@@ -88,31 +75,24 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = nn.TransformerConfig.preset(args.config or "tiny", **overrides)
     sizes = dict(batch=args.batch, seq=args.seq, micro_batches=args.micro_batches)
-    try:  # remat="auto": the planner picks the spec before training
-        config, memory_plan = plan.resolve_auto(config, **sizes, mesh=args.mesh)
-    except ValueError as err:
-        raise ValueError(with_flags(str(err), AUTO_FLAGS)) from err
-    try:
-        result = train.train(
-            config,
-            steps=args.steps,
-            **sizes,
-            data=args.data,
-            seed=args.seed,
-            optimizer=train.OptimizerConfig(learning_rate=args.lr),
-            checkpoint_dir=args.checkpoint_dir,
-            checkpoint_every=args.checkpoint_every,
-            resume=args.resume,
-            force=args.force,
-            init_from=args.init_from,
-            progress=not args.json,
-            mesh=args.mesh,
-            plan=memory_plan,
-        )
-    except FileExistsError as err:
-        raise FileExistsError(with_flags(str(err), TRAIN_FLAGS)) from err
-    except ValueError as err:
-        raise ValueError(with_flags(str(err), TRAIN_FLAGS)) from err
+    # remat="auto": the planner picks the spec first (train never plans)
+    config, memory_plan = plan.resolve_auto(config, **sizes, mesh=args.mesh)
+    result = train.train(
+        config,
+        steps=args.steps,
+        **sizes,
+        data=args.data,
+        seed=args.seed,
+        optimizer=train.OptimizerConfig(learning_rate=args.lr),
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        force=args.force,
+        init_from=args.init_from,
+        progress=not args.json,
+        mesh=args.mesh,
+        plan=memory_plan,
+    )
     if not train.is_primary():
         return 0
     if args.json:

@@ -33,7 +33,14 @@ from jaxckpt.remat import get as get_remat
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """Predicted bytes of one train step on one device (the same split as ``MemoryReport``)."""
+    """Predicted bytes of one train step on one device (the same split as ``MemoryReport``).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> p = plan.predict(plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64), "full")
+        >>> p.total == p.params + p.grads + p.optimizer + p.activations + p.inputs
+        True
+    """
 
     params: int
     grads: int

@@ -13,7 +13,14 @@ from jaxckpt.remat import get as get_remat
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One remat spec with its predicted bytes and its costs per train step (one device's)."""
+    """One remat spec with its predicted bytes and its costs per train step (one device's).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> c = plan.choice(plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64), "full")
+        >>> c.spec.enabled, c.seconds(plan.DEVICES["a100-80g"]) > 0
+        (True, True)
+    """
 
     spec: RematSpec
     predicted: Prediction

@@ -16,6 +16,12 @@ class DevicePreset:
         memory: bytes of device memory (the vendor's figure).
         flops: dense 16-bit matmul FLOP/s (converts recompute FLOPs to seconds).
         host_bandwidth: bytes/s of the host link one way (prices an offload).
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> fast_link = plan.DevicePreset("fast-link", memory=2**40, flops=1e9, host_bandwidth=1e12)
+        >>> fast_link.memory // 2**30
+        1024
     """
 
     name: str

@@ -62,6 +62,12 @@ class LayerGraph:
             materialised softmax...): kept without remat, recomputed under remat.
         attention_tile: bytes of attention scores in flight in the backward pass: one
             tile when blockwise, the T x S scores and probabilities when materialised.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> g = plan.layer_graph(plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64))
+        >>> "x" in g.reads, g.residual_bytes() > g.stored_bytes(set())
+        (True, True)
     """
 
     values: dict[str, Value]

@@ -61,6 +61,13 @@ class MemoryPlan:
         attempts: every ``(spec, predicted, measured)`` compiled on the way.
         devices: FSDP devices planned for; every byte figure is one device's, and the
             FLOPs are one device's share of the step.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=2), batch=2, seq=64)
+        >>> p = plan.plan_memory(w, budget=20 * 2**20)
+        >>> p.measured.peak <= p.budget, p.to_dict()["remat"] == p.remat
+        (True, True)
     """
 
     spec: RematSpec
@@ -205,13 +212,13 @@ def _infeasible_message(workload: Workload, limit: int, smallest: int) -> str:
             break
     for opt in ("adafactor", "sgd"):
         if opt != workload.optimizer and full(optimizer=opt) <= limit:
-            hints.append(f"optimizer={opt!r}")
+            hints.append(f"optimizer={opt}")
             break
     # FSDP splits the state, the update and the batch over the devices
     more = [d for d in (2, 4, 8, 16, 32, 64, 128, 256) if d > devices and batch % d == 0]
     fits = next((d for d in more if full(devices=d) <= limit), None)
     if fits is not None:
-        hints.append(f"devices={fits} (FSDP: mesh='fsdp={fits}')")
+        hints.append(f"devices={fits} (FSDP: mesh=fsdp={fits})")
     hint = "; ".join(hints) if hints else "a larger device"
     params, opt_bytes = state_bytes(workload)
     where = "per device " if devices > 1 else ""

@@ -18,7 +18,15 @@ from jaxckpt.remat import PRESETS, has_pinned_host
 
 @dataclasses.dataclass(frozen=True)
 class PresetRow:
-    """One row of the table: a spec's predicted bytes and recompute, one device's."""
+    """One row of the table: a spec's predicted bytes and recompute, one device's.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=2), batch=2, seq=64)
+        >>> row = plan.preset_table(w, budget=20 * 2**20).rows[0]
+        >>> row.remat, row.to_dict()["recompute_flops"]
+        ('none', 0)
+    """
 
     remat: str
     choice: Choice
@@ -56,6 +64,13 @@ class PresetTable:
         step_flops: one device's FLOPs of a step without remat.
         device: the device name the budget came from (None: a size was given).
         model: the model's preset name, for the report.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=2), batch=2, seq=64)
+        >>> t = plan.preset_table(w, budget=20 * 2**20, model="tiny")
+        >>> t.to_dict()["chosen"]["remat"] == t.chosen.remat, t.to_dict()["model"]
+        (True, 'tiny')
     """
 
     workload: Workload

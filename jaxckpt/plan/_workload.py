@@ -120,8 +120,8 @@ class Workload:
         shape = {name: shape.get(name, 1) for name in MESH_AXES} | shape
         if shape["data"] != 1:
             raise ValueError(
-                f"remat='auto' plans per device for FSDP meshes (fsdp=N); mesh={shape} has a data axis: "
-                "use mesh='fsdp=N', or pick remat explicitly"
+                f"remat=auto plans per device for FSDP meshes (fsdp=N); mesh={shape} has a data axis: "
+                "use mesh=fsdp=N, or pick remat= explicitly"
             )
         return cls(config, batch, seq, **fields, devices=shape["fsdp"])
 

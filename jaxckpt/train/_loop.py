@@ -157,7 +157,7 @@ def train(
     require_positive_int("steps", steps)
     _check_remat(config, plan)
     if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs checkpoint_dir")
+        raise ValueError("resume=True needs checkpoint_dir=")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     batches = ByteBatches(load_tokens(data), batch, seq, seed=seed, micro_batches=micro_batches)
     if mesh is None:
