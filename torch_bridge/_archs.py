@@ -1,6 +1,6 @@
 """The architectures torch_bridge converts: a rule table and a config translation each.
 
-``ARCHITECTURES`` is the registry, keyed by the name the CLI's ``--arch`` takes:
+``ARCHITECTURES`` is the registry, keyed by the architecture's name (``jaxckpt convert --arch``):
 ``"llama"`` (``LlamaForCausalLM``), ``"gpt2"`` (``GPT2LMHeadModel``) and ``"seed-block"``
 (the seed article's ``FlashAttentionWithCheckpoint`` block, one pre-LN layer with
 non-causal attention and exact GELU).
@@ -121,10 +121,16 @@ class Architecture:
     """One convertible architecture.
 
     Attributes:
-        name: the ``--arch`` name. table: its rules. model_type: Hugging Face's
+        name: its key in ``ARCHITECTURES``. table: its rules. model_type: Hugging Face's
             ``model_type`` (None for the seed block, which has no config.json).
         block: the model is one ``nn.Block`` (the seed) rather than an ``nn.Transformer``.
         hf_config: ``TransformerConfig -> config.json`` dict (None: no HF layout).
+
+    Example:
+        >>> import torch_bridge
+        >>> arch = torch_bridge.architecture("gpt2")
+        >>> arch.name, arch.model_type, arch.block
+        ('gpt2', 'gpt2', False)
     """
 
     name: str
@@ -139,13 +145,23 @@ ARCHITECTURES = {
     "gpt2": Architecture("gpt2", GPT2, "gpt2", hf_config=gpt2_hf_config),
     "seed-block": Architecture("seed-block", SEED_BLOCK, block=True),
 }
+"""The registry: ``--arch`` name -> ``Architecture``. A new architecture is one entry (its
+rule table, and its config translation in ``_hf_config``)."""
 
 
 def architecture(name: str) -> Architecture:
-    """The architecture called ``name`` (``--arch``).
+    """The architecture called ``name`` (a key of ``ARCHITECTURES``).
 
     Raises:
         ValueError: for an unknown name, listing the known ones.
+
+    Example:
+        >>> architecture("llama").model_type
+        'llama'
+        >>> architecture("bert")
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown architecture 'bert'; torch_bridge converts llama, gpt2, seed-block
     """
     if name not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {name!r}; torch_bridge converts {', '.join(ARCHITECTURES)}")

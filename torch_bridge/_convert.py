@@ -29,6 +29,13 @@ class ConversionReport:
         dtype_changes: ``(key, from dtype, to dtype)``: the tensor was cast.
         ignored: keys known to hold no parameter (buffers, a tied head saved twice).
         notes: config fields not carried over, e.g. dropout.
+
+    Example:
+        >>> from torch_bridge import ConversionReport
+        >>> ConversionReport(converted=3, missing=["lm_head.weight"]).problems()
+        ['1 missing tensor(s): lm_head.weight']
+        >>> ConversionReport(converted=3, missing=["lm_head.weight"]).problems(allow_missing=True)
+        []
     """
 
     converted: int = 0

@@ -263,8 +263,9 @@ def tensor_to_numpy(tensor) -> np.ndarray:
 
     Example:
         >>> import torch
-        >>> tensor_to_numpy(torch.ones(2, dtype=torch.bfloat16))
-        array([1, 1], dtype=bfloat16)
+        >>> array = tensor_to_numpy(torch.ones(2, dtype=torch.bfloat16))
+        >>> array.dtype.name, array.tolist()
+        ('bfloat16', [1.0, 1.0])
     """
     if tensor.dtype not in _torch_to_numpy_dtypes():
         raise TypeError(f"tensor_to_numpy: tensor.dtype={tensor.dtype} has no JAX equivalent")

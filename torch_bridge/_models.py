@@ -83,6 +83,18 @@ class Converted:
     Attributes:
         arch: its architecture. config: the jaxckpt config. params: the nested dict of
         numpy arrays of the model's ``nnx.Param`` state. report: what did not map cleanly.
+
+    Example:
+        >>> import os, tempfile
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> import torch_bridge
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
+        >>> model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
+        >>> path = torch_bridge.save_hf(model, os.path.join(tempfile.mkdtemp(), "m"))
+        >>> converted = torch_bridge.read_checkpoint(path)
+        >>> converted.model().config == converted.config, sorted(converted.params)[:2]
+        (True, ['blocks', 'embed'])
     """
 
     arch: Architecture
@@ -125,6 +137,18 @@ def read_checkpoint(
 
     Raises:
         ValueError / FileNotFoundError: naming the file or tensor at fault.
+
+    Example:
+        >>> import os, tempfile
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> import torch_bridge
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
+        >>> model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
+        >>> path = torch_bridge.save_hf(model, os.path.join(tempfile.mkdtemp(), "m"))
+        >>> converted = torch_bridge.read_checkpoint(path)
+        >>> converted.arch.name, converted.config.d_model, converted.report.problems()
+        ('llama', 16, [])
     """
     with open_tensors(path) as source:
         chosen, config, notes = _resolve_config(path, source, config, arch, dtype)
@@ -200,7 +224,22 @@ def write_hf(
     on_tensor: Callable[[str, int], None] | None = None,
 ) -> Path:
     """Writes ``params`` (a ``Transformer``'s ``nnx.Param`` state or its pure dict) as a
-    Hugging Face directory: safetensors shards, their index and ``config.json``."""
+    Hugging Face directory: safetensors shards, their index and ``config.json``.
+
+    Raises:
+        FileExistsError: when ``path`` exists and ``force`` is False.
+
+    Example:
+        >>> import os, tempfile
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
+        >>> params = nnx.state(nn.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        >>> out = write_hf(params, cfg, os.path.join(tempfile.mkdtemp(), "m"), max_shard_size="20KB")
+        >>> files = sorted(os.listdir(out))  # three shards of at most 20 KB, their index, the config
+        >>> files[0], files[-1], len(files)
+        ('config.json', 'model.safetensors.index.json', 5)
+    """
     arch = architecture(config.family)
     limit = parse_shard_size(max_shard_size)
     shapes = target_shapes(arch, config)
@@ -298,6 +337,15 @@ def save_seed_block(block: Block, path: "str | os.PathLike", *, force: bool = Fa
 
     Raises:
         FileExistsError: when ``path`` exists and ``force`` is False.
+
+    Example:
+        >>> import os, tempfile, torch
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> block = nn.Block(seed_block_config(6, 2), rngs=nnx.Rngs(0))
+        >>> path = save_seed_block(block, os.path.join(tempfile.mkdtemp(), "block.pt"))
+        >>> torch.load(path, weights_only=True)["q_proj.weight"].shape
+        torch.Size([6, 6])
     """
     path = Path(path)
     if path.exists() and not force:

@@ -87,6 +87,13 @@ class Table:
             buffers such as GPT-2's causal mask, or a tied head saved twice.
         optional_prefix: a prefix that some checkpoints leave out of the table's keys (GPT-2
             saved from ``GPT2Model`` lacks ``transformer.``). Written back in full.
+
+    Example:
+        >>> from torch_bridge import Rule, Table
+        >>> rules = (Rule("w.{i}", "blocks.w"), Rule("head.weight", "head.kernel", transpose=True))
+        >>> table = Table(rules=rules)
+        >>> list(table.bind({"blocks.w": (2, 3), "head.kernel": (3, 4)}, n_layers=2))
+        ['w.0', 'w.1', 'head.weight']
     """
 
     rules: tuple[Rule, ...]

@@ -87,7 +87,14 @@ def _along_last(v: jax.Array, ndim: int) -> jax.Array:
 
 
 class RMSNorm(nnx.Module):
-    """``x / rms(x) * scale``, computed in fp32 and cast back (as Hugging Face LLaMA)."""
+    """``x / rms(x) * scale``, computed in fp32 and cast back (as Hugging Face LLaMA).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.nn import RMSNorm
+        >>> RMSNorm(2, eps=0.0)(jnp.array([[3.0, -3.0]])).tolist()  # rms 3
+        [[1.0, -1.0]]
+    """
 
     def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
         self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
@@ -102,7 +109,14 @@ class RMSNorm(nnx.Module):
 
 
 class LayerNorm(nnx.Module):
-    """``(x - mean) / std * scale + bias``, computed in fp32 and cast back."""
+    """``(x - mean) / std * scale + bias``, computed in fp32 and cast back.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.nn import LayerNorm
+        >>> LayerNorm(2, eps=0.0)(jnp.array([[1.0, 5.0]])).tolist()  # mean 3, std 2
+        [[-1.0, 1.0]]
+    """
 
     def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
         self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})

@@ -5,7 +5,14 @@ import jax.numpy as jnp
 
 
 def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """``cos`` and ``sin`` tables ``[T, H]`` (fp32) for integer ``positions [T]``."""
+    """``cos`` and ``sin`` tables ``[T, H]`` (fp32) for integer ``positions [T]``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> cos, sin = rope_tables(jnp.arange(5), head_dim=4, theta=10000.0)
+        >>> cos.shape, cos[0].tolist(), sin[0].tolist()  # position 0: no rotation
+        ((5, 4), [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+    """
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
     emb = jnp.concatenate([freqs, freqs], axis=-1)

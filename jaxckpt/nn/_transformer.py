@@ -82,6 +82,15 @@ def run_blocks(blocks: Block, x: jax.Array, spec: RematSpec, n_layers: int) -> j
     activations held are about ``n_layers / k + k`` layer inputs plus one layer's
     internals (the sqrt(n_layers) schedule of Chen et al. 2016 at k = sqrt(n_layers)).
     When k does not divide ``n_layers`` the last segment is shorter.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt import nn, remat
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=3), rngs=nnx.Rngs(0))
+        >>> x = jnp.ones((1, 4, model.config.d_model))
+        >>> nn.run_blocks(model.blocks, x, remat.get("ratio_0.5"), n_layers=3).shape  # segments 2 + 1
+        (1, 4, 128)
     """
     k, n_full = segment_sizes(spec, n_layers)
     scan_segments = _scan(remat_segment(spec, k))

@@ -97,7 +97,15 @@ class RematSpec:
 
 
 def has_pinned_host(device: jax.Device | None = None) -> bool:
-    """Whether ``device`` (default: the first device) has a ``pinned_host`` memory space."""
+    """Whether ``device`` (default: the first device) has a ``pinned_host`` memory space,
+    which the ``offload_*`` presets need.
+
+    Example:
+        >>> import jax
+        >>> from jaxckpt import remat
+        >>> remat.has_pinned_host(jax.devices("cpu")[0]) in (True, False)  # depends on the backend
+        True
+    """
     device = device or jax.devices()[0]
     try:
         kinds = {m.kind for m in device.addressable_memories()}
@@ -107,7 +115,16 @@ def has_pinned_host(device: jax.Device | None = None) -> bool:
 
 
 def require_pinned_host() -> None:
-    """Raises a ValueError when the default device cannot offload to host memory."""
+    """Raises a ValueError when the default device cannot offload to host memory.
+
+    Raises:
+        ValueError: naming the device, and presets without offload to use instead.
+
+    Example:
+        >>> from jaxckpt import remat
+        >>> if remat.has_pinned_host():
+        ...     remat.require_pinned_host()  # returns None: offload presets work here
+    """
     if not has_pinned_host():
         device = jax.devices()[0]
         raise ValueError(

@@ -1,4 +1,6 @@
-"""Training: optax train step, byte-level data, orbax checkpoints, progress and memory reports.
+"""Training: the optax train step, byte-level data, orbax checkpoints, data parallel + FSDP
+meshes (also over several processes), progress and memory reports, and ``compare``, the
+seed's experiment (attention x remat).
 
 Example:
     >>> from jaxckpt import nn, train
@@ -9,12 +11,12 @@ Example:
 """
 
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
-from jaxckpt.train._compare import ATTENTION, compare, default_rows, offload_saves_memory
+from jaxckpt.train._compare import compare, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
 from jaxckpt.train._distributed import initialize, is_primary
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config
 from jaxckpt.train._loop import TrainRun, train
-from jaxckpt.train._memory import MemoryReport, device_memory_stats, memory_report
+from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._sharding import (
     LOGICAL_AXIS_RULES,
     bytes_per_device,
@@ -26,7 +28,6 @@ from jaxckpt.train._sharding import (
 from jaxckpt.train._step import OptimizerConfig, Trainer, jit_train_step, loss_and_grads, next_token_loss
 
 __all__ = [
-    "ATTENTION",
     "LOGICAL_AXIS_RULES",
     "PARAMS_KIND",
     "VOCAB_SIZE",
@@ -39,8 +40,6 @@ __all__ = [
     "compare",
     "decode",
     "default_corpus_path",
-    "default_rows",
-    "device_memory_stats",
     "encode",
     "initial_model",
     "initialize",

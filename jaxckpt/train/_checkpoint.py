@@ -17,7 +17,13 @@ def _manager(directory: Path, max_to_keep: int | None = 3) -> ocp.CheckpointMana
 
 
 def latest_step(directory: str | os.PathLike) -> int | None:
-    """The newest saved step in ``directory``, or None when it holds no checkpoint."""
+    """The newest saved step in ``directory``, or None when it holds no checkpoint.
+
+    Example:
+        >>> import tempfile
+        >>> latest_step(tempfile.mkdtemp()) is None
+        True
+    """
     directory = Path(directory)
     if not directory.is_dir():
         return None
@@ -66,6 +72,15 @@ def restore_checkpoint(
 
     Raises:
         FileNotFoundError: when ``directory`` holds no checkpoint.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> state = nnx.State({"w": nnx.Param(jnp.arange(3.0))})
+        >>> d = save_checkpoint(tempfile.mkdtemp(), 5, state)
+        >>> step, restored = restore_checkpoint(d, state)
+        >>> step, restored["w"][...].tolist()
+        (5, [0.0, 1.0, 2.0])
     """
     directory = Path(directory)
     step = latest_step(directory) if step is None else step
@@ -82,6 +97,13 @@ def restore_checkpoint(
 
 
 def read_meta(directory: str | os.PathLike) -> dict:
-    """The JSON written next to the checkpoints (empty when absent)."""
+    """The JSON written next to the checkpoints (empty when absent).
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> d = save_checkpoint(tempfile.mkdtemp(), 0, {"w": jnp.ones(2)}, {"seed": 3})
+        >>> read_meta(d)
+        {'seed': 3}
+    """
     path = Path(directory) / META
     return json.loads(path.read_text()) if path.exists() else {}

@@ -30,6 +30,11 @@ def offload_saves_memory(device: jax.Device | None = None) -> bool:
     """Offload rows only make sense where host memory is separate from device memory.
 
     On CPU ``pinned_host`` is the same RAM, so offloading there saves nothing.
+
+    Example:
+        >>> import jax
+        >>> offload_saves_memory(jax.devices("cpu")[0])
+        False
     """
     device = device or jax.devices()[0]
     return has_pinned_host(device) and device.platform != "cpu"
@@ -88,15 +93,21 @@ def compare(
         config: the model; its ``attention`` and ``remat`` are replaced per row.
         batch, seq: tokens per step are ``batch x seq``.
         steps: timed steps per row (step time is the median).
-        rows: ``(attention, remat)`` pairs; attention is a key of ``ATTENTION``.
-            Default: ``default_rows()``. The baseline ``("reference", "none")`` is added
-            first when missing.
+        rows: ``(attention, remat)`` pairs; attention is ``"reference"`` (materialises
+            T x S) or ``"flash"`` (blockwise). Default: both, under each of ``none``,
+            ``full``, ``dots``, ``save_attn``, ``minimal`` and ``ratio_0.25`` (and the
+            offload presets where host memory is separate). The baseline
+            ``("reference", "none")`` is added first when missing.
         seed: parameter init and data order.
         progress: draw a progress bar.
 
     Returns:
         ``{"config": {...}, "rows": [{"attention", "remat", "temp_bytes", "memory_saved",
         "step_seconds", "tokens_per_second", "speed_ratio", "loss", "max_grad_diff"}]}``.
+
+    Raises:
+        ValueError: for ``steps`` < 1, ``seq`` over ``config.max_len``, or an unknown
+            attention or remat name.
 
     Example:
         >>> from jaxckpt import nn, train

@@ -114,7 +114,8 @@ def put_global(tree, shardings):
     Example:
         >>> import numpy as np
         >>> from jaxckpt.train._sharding import make_mesh, replicated
-        >>> put_global({"w": np.ones(3)}, {"w": replicated(make_mesh({}))})["w"].shape
+        >>> mesh = make_mesh({}, devices=jax.devices()[:1])
+        >>> put_global({"w": np.ones(3)}, {"w": replicated(mesh)})["w"].shape
         (3,)
     """
     if jax.process_count() == 1:

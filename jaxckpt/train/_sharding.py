@@ -76,7 +76,8 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
         ValueError: when the sizes' product is not the number of devices.
 
     Example:
-        >>> dict(make_mesh({"data": 1}).shape)
+        >>> import jax
+        >>> dict(make_mesh({"fsdp": 1}, devices=jax.devices()[:1]).shape)
         {'data': 1, 'fsdp': 1}
     """
     axes = parse_mesh(axes) if isinstance(axes, str) else dict(axes)
@@ -99,7 +100,8 @@ def leaf_spec(
     ``axis`` split.
 
     Example:
-        >>> mesh = make_mesh({"data": 1})
+        >>> import jax
+        >>> mesh = make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
         >>> tuple(leaf_spec((6, 4), mesh))
         ('fsdp', None)
         >>> tuple(leaf_spec((6, 4), mesh, names=("layers", "embed")))
@@ -122,7 +124,16 @@ def leaf_spec(
 
 def state_shardings(state, mesh: Mesh):
     """A ``NamedSharding`` for every leaf of ``state`` (model + optimizer, ``nnx.State`` of
-    arrays or of ``ShapeDtypeStruct``s), FSDP-split by the leaves' logical axis names."""
+    arrays or of ``ShapeDtypeStruct``s), FSDP-split by the leaves' logical axis names.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> mesh = make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
+        >>> shardings = state_shardings(nnx.State({"w": nnx.Param(jnp.ones((6, 4)))}), mesh)
+        >>> tuple(shardings["w"].get_value().spec)  # split along the larger axis
+        ('fsdp', None)
+    """
 
     def sharding(leaf):
         if isinstance(leaf, nnx.Variable):
@@ -144,7 +155,13 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def bytes_per_device(tree) -> dict[str, int]:
-    """Bytes of ``tree``'s arrays held by each device: ``{str(device): bytes}``."""
+    """Bytes of ``tree``'s arrays held by each device: ``{str(device): bytes}``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> list(bytes_per_device({"w": jnp.ones((4, 4))}).values())  # one device, 16 fp32
+        [64]
+    """
     out: dict[str, int] = {}
     for leaf in jax.tree.leaves(tree):
         for shard in leaf.addressable_shards:

@@ -24,6 +24,17 @@ class OptimizerConfig:
         learning_rate: peak learning rate. warmup_steps: linear warm-up length.
         decay_steps: cosine decay length after warm-up (0 = constant after warm-up).
         weight_decay, b1, b2, eps: AdamW hyper-parameters. clip_norm: 0 disables clipping.
+
+    Raises:
+        ValueError: for a learning rate that is not positive or a negative step count.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> tx = OptimizerConfig(learning_rate=1e-3, warmup_steps=0).transformation()
+        >>> params = {"w": jnp.ones(2)}
+        >>> updates, _ = tx.update(params, tx.init(params), params)  # gradient = params
+        >>> bool((updates["w"] < 0).all())  # a step against the gradient
+        True
     """
 
     learning_rate: float = 3e-3
@@ -37,10 +48,10 @@ class OptimizerConfig:
 
     def __post_init__(self):
         if not self.learning_rate > 0:
-            raise ValueError(f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
+            raise ValueError(f"OptimizerConfig: learning_rate={self.learning_rate!r} must be > 0")
         for name in ("warmup_steps", "decay_steps"):
             if getattr(self, name) < 0:
-                raise ValueError(f"OptimizerConfig.{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"OptimizerConfig: {name}={getattr(self, name)!r} must be >= 0")
 
     def transformation(self) -> optax.GradientTransformation:
         """The optax transformation."""
@@ -92,6 +103,17 @@ def loss_and_grads(
 
     With ``M > 1`` the micro-batches are a ``lax.scan`` that accumulates fp32-param
     gradients, so only one micro-batch's activations are live at a time.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt import nn, remat, train
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=1), rngs=nnx.Rngs(0))
+        >>> graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        >>> batch = jnp.zeros((2, 1, 9), jnp.int32)  # 2 micro-batches of 1 x 8 tokens
+        >>> loss, grads = train.loss_and_grads(graphdef, params, rest, batch, remat.get("full"))
+        >>> jax.tree.structure(grads) == jax.tree.structure(params)
+        True
     """
 
     def one(params, tokens):
@@ -129,6 +151,17 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
 
     With a ``mesh``, ``shardings`` (the state's, from ``state_shardings``) pin the
     state in and out, and the batch is split over the mesh (data parallel + FSDP).
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> from jaxckpt import nn, remat, train
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=1), rngs=nnx.Rngs(0))
+        >>> graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)))
+        >>> step = train.jit_train_step(graphdef, remat.get("full"))
+        >>> state, loss = step(state, jnp.zeros((1, 2, 9), jnp.int32))
+        >>> bool(loss > 0)
+        True
     """
     step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh)
     if mesh is None:
