@@ -1,6 +1,8 @@
 """npu_backend: jaxckpt attention on Ascend NPUs through ``torch_npu.npu_fusion_attention``.
 
-Importing it registers two ``jaxckpt.flash_attention`` implementations:
+Importing it registers three ``jaxckpt.flash_attention`` implementations; that call is
+the only front door (it validates the arguments once, with the same signature for
+every route):
 
 - ``"npu"``: the CANN fused kernels through torch_npu, forward and backward. Where
   torch_npu cannot run, using it raises an error with the reason; nothing falls back.
@@ -26,8 +28,7 @@ import importlib.util
 from jaxckpt.attention import FEATURES, register_implementation
 from npu_backend import _ffi
 from npu_backend._availability import device_count, info, is_available, unavailable
-from npu_backend._ffi import ffi_attention, ffi_attention_normalized
-from npu_backend._fusion import UNSUPPORTED, fusion_attention, npu_attention
+from npu_backend._fusion import UNSUPPORTED, npu_attention
 from npu_backend._ops import FusionOps, reference_ops, torch_npu_ops
 
 SUPPORTS = FEATURES - UNSUPPORTED
@@ -38,21 +39,16 @@ def _torch_missing() -> str | None:
     return None if importlib.util.find_spec("torch") else "PyTorch is not installed"
 
 
-def _ffi_missing() -> str | None:
-    """Cheap (never compiles): the library is built, or a compiler can build it."""
-    from npu_backend.ffi.build import find_compiler
-
-    if _ffi.library_path().exists() or find_compiler() is not None:
-        return None
-    return "the FFI library is not built and no C++ compiler (g++) is found; run make ffi"
-
-
+# None of them holds the [B, N, T, S] scores in JAX memory (materializes_scores=False):
+# the CANN kernels and the FFI's C++ kernel are flash kernels, and npu_reference's torch
+# model computes its scores on the host, inside the callback.
 register_implementation(
     "npu",
     lambda p, block_sizes: npu_attention(p, torch_npu_ops()),
     supports=SUPPORTS,
     unavailable=unavailable,
     shares_dropout_mask=False,
+    materializes_scores=False,
 )
 register_implementation(
     "npu_reference",
@@ -60,18 +56,20 @@ register_implementation(
     supports=SUPPORTS,
     unavailable=_torch_missing,
     shares_dropout_mask=False,
+    materializes_scores=False,
 )
-
 register_implementation(
-    "npu_ffi", ffi_attention_normalized, supports=_ffi.SUPPORTED_FEATURES, unavailable=_ffi_missing
+    "npu_ffi",
+    _ffi.ffi_attention_normalized,
+    supports=_ffi.SUPPORTED_FEATURES,
+    unavailable=_ffi.missing,
+    materializes_scores=False,
 )
 
 __all__ = [
     "SUPPORTS",
     "FusionOps",
     "device_count",
-    "ffi_attention",
-    "fusion_attention",
     "info",
     "is_available",
     "reference_ops",

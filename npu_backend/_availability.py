@@ -56,12 +56,24 @@ def is_available() -> bool:
 
 
 def unavailable() -> str | None:
-    """None when the NPU route can run here, else the exact reason it cannot."""
+    """None when the NPU route can run here, else the exact reason it cannot.
+
+    Example:
+        >>> import npu_backend
+        >>> (npu_backend.unavailable() is None) == npu_backend.is_available()
+        True
+    """
     return _probe()[2]
 
 
 def device_count() -> int:
-    """How many NPUs torch_npu sees (0 when it is unavailable)."""
+    """How many NPUs torch_npu sees (0 when it is unavailable).
+
+    Example:
+        >>> import npu_backend
+        >>> npu_backend.device_count() >= (1 if npu_backend.is_available() else 0)
+        True
+    """
     return _probe()[1]
 
 

@@ -1,5 +1,8 @@
 """The XLA FFI route: jaxckpt attention as a custom call into C++, with a custom VJP.
 
+It is ``jaxckpt.flash_attention(..., implementation="npu_ffi")`` (causal and window
+only); :func:`ffi_attention_normalized` is the function registered under that name.
+
 The C++ library (``npu_backend/ffi``) holds two XLA FFI handlers, forward and
 backward, over a small kernel interface (``ffi/kernel.h``) with two
 implementations: a FlashAttention-2 CPU kernel in plain loops, always built,
@@ -28,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxckpt.attention import AttentionInputs, normalize
+from jaxckpt.attention import AttentionInputs, features_used
 from npu_backend.ffi import build as _build
 
 FORWARD_TARGET = "jaxckpt_npu_attention_fwd"
@@ -36,7 +39,7 @@ BACKWARD_TARGET = "jaxckpt_npu_attention_bwd"
 SUPPORTED_FEATURES = frozenset({"causal", "window"})
 """The features of ``jaxckpt.attention.FEATURES`` that this route handles."""
 VMAP_METHODS = ("broadcast_all", "sequential", "sequential_unrolled")
-"""The ``vmap_method`` values :func:`ffi_attention` accepts (see its docstring)."""
+"""The ``vmap_method`` values :func:`ffi_attention_normalized` accepts (see its docstring)."""
 
 _lock = threading.Lock()
 _state: dict = {"lib": None, "registered": False}
@@ -80,6 +83,21 @@ def _load() -> ctypes.CDLL:
         return _state["lib"]
 
 
+def missing() -> str | None:
+    """Cheap (never compiles): None when the library is built or a compiler can build it.
+
+    This is the registry's availability probe for ``implementation="npu_ffi"``.
+
+    Example:
+        >>> from npu_backend._ffi import missing
+        >>> missing() is None
+        True
+    """
+    if library_path().exists() or _build.find_compiler() is not None:
+        return None
+    return "the FFI library is not built and no C++ compiler (g++) is found; run make ffi"
+
+
 def unavailable() -> str | None:
     """None when the library is built (or buildable) and loads; else the reason it is not.
 
@@ -100,7 +118,7 @@ def unavailable() -> str | None:
 def register() -> None:
     """Loads the library and registers its forward and backward handlers on the CPU platform.
 
-    Idempotent and thread-safe; :func:`ffi_attention` calls it.
+    Idempotent and thread-safe; :func:`ffi_attention_normalized` calls it.
 
     Raises:
         RuntimeError: the library cannot be built or loaded (the reason of
@@ -185,101 +203,46 @@ def _run(p: AttentionInputs, vmap_method: str) -> tuple[jax.Array, jax.Array]:
     """(out [B,T,N,H] in the input dtype, lse [B,N,T] fp32, not differentiated)."""
     register()
     st = p.static
-    cfg = _Config(st.scale, st.mask.is_causal, st.mask.window, _check_vmap_method(vmap_method))
+    cfg = _Config(st.scale, st.mask.is_causal, st.mask.window, vmap_method)
     q, k, v = (x.astype(jnp.float32) for x in (p.query, p.key, p.value))
     out, lse = _attention(cfg, q, k, v)
     return out.astype(p.query.dtype), jax.lax.stop_gradient(lse)
 
 
-def ffi_attention(
-    query,
-    key,
-    value,
-    *,
-    scale=None,
-    is_causal=False,
-    local_window_size=None,
-    return_residual=False,
-    vmap_method="broadcast_all",
-):
-    """Attention through the XLA FFI custom call (CPU), differentiable.
+def ffi_attention_normalized(
+    inputs: AttentionInputs, block_sizes=None, *, vmap_method: str = "broadcast_all"
+) -> tuple[jax.Array, jax.Array]:
+    """The FFI route on canonical inputs: the ``fn`` registered as ``implementation="npu_ffi"``.
 
-    Arguments mean what they mean in ``jaxckpt.flash_attention`` and
-    ``jax.nn.dot_product_attention``: layout ``BTNH`` (query ``[B, T, N, H]``,
-    key/value ``[B, S, K, H]``, or all three without ``B``), GQA when K divides
-    N, top-left causal alignment when T != S, ``local_window_size=(left, right)``
-    keeps keys ``q - left <= k <= q + right``. A query row that sees no key
-    returns 0 and gets zero gradients.
+    Reached through ``jaxckpt.flash_attention(..., implementation="npu_ffi")``, whose
+    arguments mean what they mean there and in ``jax.nn.dot_product_attention``. The
+    C++ kernel computes in float32: bfloat16/float16 inputs are cast to float32 for the
+    call, and the output (and the gradients) are cast back to the input dtype. The
+    forward keeps ``(q, k, v, out, lse)``; the backward is a second custom call that
+    recomputes the probabilities from ``lse``.
 
-    The C++ kernel computes in float32: bfloat16/float16 inputs are cast to
-    float32 for the call, and the output is cast back to the input dtype (so are
-    the gradients). The forward keeps ``(q, k, v, out, lse)``; the backward is a
-    second custom call that recomputes the probabilities from ``lse``.
-
-    Under ``jax.vmap`` the custom calls batch by ``vmap_method``:
-    ``"broadcast_all"`` (default) gives the C++ handlers every input with the
-    vmapped axis in front at full size, and the handlers fold every axis before
+    Under ``jax.vmap`` the custom calls batch by ``vmap_method``: ``"broadcast_all"``
+    (the default, and what ``flash_attention`` uses) gives the C++ handlers every input
+    with the vmapped axis in front at full size, and the handlers fold every axis before
     ``[T, N, H]`` into the batch B, so a vmapped call is one custom call.
-    ``"sequential"`` / ``"sequential_unrolled"`` loop over the vmapped axis
-    instead. ``"expand_dims"`` is refused (unbatched operands would keep a size-1
-    axis the handlers do not broadcast).
-
-    Running this route on an Ascend NPU needs a JAX PJRT backend for the NPU
-    (none is public today); only the CPU implementation runs.
-
-    Args:
-        query: ``[B, T, N, H]`` floating array.
-        key: ``[B, S, K, H]``, same dtype.
-        value: ``[B, S, K, H]``, same dtype.
-        scale: logits scale; default ``1 / sqrt(H)``.
-        is_causal: top-left causal mask (a Python bool).
-        local_window_size: ``int`` or ``(left, right)`` sliding window, or None.
-        return_residual: also return the fp32 log-sum-exp, ``[B, T, N]`` (not
-            differentiated), as ``jaxckpt.flash_attention`` does.
-        vmap_method: how the custom calls batch under ``jax.vmap`` (see above).
-
-    Returns:
-        ``out`` with the shape and dtype of ``query``; with ``return_residual``,
-        ``(out, lse)``.
-
-    Raises:
-        ValueError: a shape, window or scale is wrong, or an unknown ``vmap_method``.
-        TypeError: a dtype is wrong, or ``is_causal`` is not a bool.
-        RuntimeError: the C++ library cannot be built or loaded.
-
-    Example:
-        >>> import jax
-        >>> from npu_backend._ffi import ffi_attention
-        >>> q = jax.random.normal(jax.random.key(0), (2, 5, 3, 8))
-        >>> ffi_attention(q, q, q, is_causal=True).shape
-        (2, 5, 3, 8)
-    """
-    if not isinstance(is_causal, bool | np.bool_):
-        raise TypeError(f"is_causal must be a Python bool; got {is_causal=} ({type(is_causal).__name__}).")
-    _check_vmap_method(vmap_method)
-    p = normalize(query, key, value, scale=scale, is_causal=is_causal, local_window_size=local_window_size)
-    out, lse = _run(p, vmap_method)
-    lse = jnp.swapaxes(lse, 1, 2)  # [B, T, N], as jaxckpt.flash_attention returns it
-    if p.unbatched:
-        out, lse = out[0], lse[0]
-    return (out, lse) if return_residual else out
-
-
-def ffi_attention_normalized(inputs: AttentionInputs, block_sizes=None) -> tuple[jax.Array, jax.Array]:
-    """The FFI route on canonical inputs: the ``fn`` of ``jaxckpt.attention.register_implementation``.
-
-    Register it with ``supports=SUPPORTED_FEATURES`` and ``unavailable=unavailable``.
+    ``"sequential"`` / ``"sequential_unrolled"`` loop over the vmapped axis instead.
+    ``"expand_dims"`` is refused (unbatched operands would keep a size-1 axis the
+    handlers do not broadcast).
 
     Args:
         inputs: the result of ``jaxckpt.attention.normalize``; may use only
             ``is_causal`` and ``local_window_size`` among the optional features.
         block_sizes: ignored (the C++ kernel picks its own key block).
+        vmap_method: how the custom calls batch under ``jax.vmap`` (see above).
 
     Returns:
-        ``(out [B, T, N, H] in the input dtype, lse [B, N, T] float32)``.
+        ``(out [B, T, N, H] in the input dtype, lse [B, N, T] float32)``; the lse is
+        not differentiated.
 
     Raises:
         NotImplementedError: ``inputs`` uses a feature outside :data:`SUPPORTED_FEATURES`.
+        ValueError: an unknown ``vmap_method``.
+        RuntimeError: the C++ library cannot be built or loaded.
 
     Example:
         >>> import jax
@@ -291,19 +254,10 @@ def ffi_attention_normalized(inputs: AttentionInputs, block_sizes=None) -> tuple
         ((1, 5, 3, 8), (1, 3, 5))
     """
     del block_sizes
-    st, a = inputs.static, inputs.arrays
-    used = {
-        "bias": inputs.bias is not None,
-        "mask": a.mask is not None,
-        "lengths": a.q_lengths is not None or a.kv_lengths is not None,
-        "segments": a.q_segments is not None,
-        "softcap": st.logits_soft_cap is not None,
-        "dropout": st.dropout_rate > 0,
-    }
-    unsupported = sorted(name for name, on in used.items() if on)
+    unsupported = sorted(features_used(inputs) - SUPPORTED_FEATURES)
     if unsupported:
         raise NotImplementedError(
             f"the FFI attention route supports only {sorted(SUPPORTED_FEATURES)}; "
             f"these inputs use {unsupported}."
         )
-    return _run(inputs, "broadcast_all")
+    return _run(inputs, _check_vmap_method(vmap_method))

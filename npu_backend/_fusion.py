@@ -1,9 +1,16 @@
-"""``fusion_attention``: jaxckpt attention through the CANN fused kernel, with a custom VJP.
+"""The NPU route: jaxckpt attention through the CANN fused kernel, with a custom VJP.
 
-The forward calls ``npu_fusion_attention`` and keeps ``(out, softmax_max, softmax_sum,
-seed, offset, numels)``; the backward calls ``npu_fusion_attention_grad`` with them.
-Both calls are host callbacks (``torch_bridge.call_torch``): the arrays cross to torch
-through DLPack/numpy without copies on the CPU and move to the NPU there.
+:func:`npu_attention` is the function registered as ``implementation="npu"`` (and, with
+the plain-torch ops, ``"npu_reference"``): it is reached through
+``jaxckpt.flash_attention(..., implementation="npu")``, which validates the arguments
+once. The forward calls ``npu_fusion_attention`` and keeps ``(out, softmax_max,
+softmax_sum, seed, offset, numels)``; the backward calls ``npu_fusion_attention_grad``
+with them. Both calls are host callbacks (``torch_bridge.call_torch``): the arrays cross
+to torch through DLPack/numpy without copies on the CPU and move to the NPU there.
+
+The attention mask is built here, in JAX, from jaxckpt's one mask predicate
+(``jaxckpt.attention.full_mask``, i.e. ``visible`` on the whole grid) and handed over as
+the op's ``atten_mask`` (True = masked out); the torch side only lays it out.
 """
 
 import functools
@@ -11,10 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxckpt.attention import AttentionInputs, features_used, normalize
-from jaxckpt.attention._validate import finish
+from jaxckpt.attention import AttentionInputs, features_used, full_mask
 from npu_backend import _host
-from npu_backend._ops import FusionOps, torch_npu_ops
+from npu_backend._ops import FusionOps
 from npu_backend._translate import CallPlan
 from torch_bridge import call_torch
 
@@ -50,11 +56,20 @@ def call_plan(p: AttentionInputs) -> CallPlan:
     return plan
 
 
-def _extras(p: AttentionInputs) -> dict:
-    """The traced optional inputs the host functions read, by name (absent ones left out)."""
+def _extras(plan: CallPlan, p: AttentionInputs) -> dict:
+    """The traced optional inputs the host functions read, by name (absent ones left out).
+
+    ``atten_mask``: ``~full_mask(p)``, bool ``[B|1, N|1, T, S]``, True = masked out (the
+    op's polarity), when the call needs the full mask. ``q_len``/``kv_len``/``q_seg``/
+    ``kv_seg``: only for the TND layout, which packs the tokens they select.
+    """
     a = p.arrays
-    named = {"bias": p.bias, "mask": a.mask, "q_len": a.q_lengths, "kv_len": a.kv_lengths}
-    named |= {"q_seg": a.q_segments, "kv_seg": a.kv_segments}
+    named = {"bias": p.bias}
+    if plan.full_mask:
+        named["atten_mask"] = jnp.logical_not(full_mask(p))
+    if plan.varlen:
+        named |= {"q_len": a.q_lengths, "kv_len": a.kv_lengths}
+        named |= {"q_seg": a.q_segments, "kv_seg": a.kv_segments}
     if p.static.dropout_rate > 0:
         named["seed"] = jax.random.randint(p.dropout_rng, (), 0, 2**31 - 1, dtype=jnp.int32)
     return {k: v for k, v in named.items() if v is not None}
@@ -102,77 +117,21 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def npu_attention(p: AttentionInputs, ops: FusionOps) -> tuple[jax.Array, jax.Array]:
     """``(out [B, T, N, H], lse [B, N, T] fp32)`` of canonical inputs through ``ops``
-    (the function registered as ``implementation="npu"``)."""
-    return _attention(call_plan(p), ops, p.query, p.key, p.value, _extras(p))
-
-
-def fusion_attention(
-    query,
-    key,
-    value,
-    bias=None,
-    mask=None,
-    *,
-    scale=None,
-    is_causal=False,
-    local_window_size=None,
-    query_seq_lengths=None,
-    key_value_seq_lengths=None,
-    segment_ids=None,
-    logits_soft_cap=None,
-    dropout_rate=0.0,
-    dropout_rng=None,
-    ops: FusionOps | None = None,
-):
-    """Attention through ``torch_npu.npu_fusion_attention`` (forward) and
-    ``npu_fusion_attention_grad`` (backward), in the ``jaxckpt.flash_attention`` layout.
-
-    Every argument means what it means for ``jaxckpt.flash_attention`` (BTNH, mask
-    True = attend, top-left causal); ``npu_backend._translate`` documents how each one
-    becomes the op's. A query row that sees no key gets 0 and zero gradients.
-
-    Args:
-        query, key, value, bias, mask, scale, is_causal, local_window_size,
-            query_seq_lengths, key_value_seq_lengths, segment_ids, dropout_rate,
-            dropout_rng: as ``jaxckpt.flash_attention``.
-        logits_soft_cap: not supported (``NotImplementedError``).
-        ops: where the two ops come from. None: torch_npu on the NPU (the real CANN
-            kernels). ``npu_backend.reference_ops()``: the plain-torch reference of
-            the op contract, on the CPU, which is how this route is tested without
-            an NPU.
+    (the function registered as ``implementation="npu"`` and ``"npu_reference"``).
 
     Raises:
         NotImplementedError: ``logits_soft_cap`` (the kernel has no soft cap).
 
-    Lengths and segment ids go through the TND layout. Segment ids it cannot express
-    (a segment split into several runs; with ``is_causal``, query and key runs that
-    start apart) and any lengths or segments combined with a bias, a mask or a window
-    join the full ``atten_mask`` instead (BSND, O(T * S) mask memory).
-        RuntimeError: ``ops=None`` where torch_npu cannot run (the reason is given).
-
     Example:
-        >>> import jax, npu_backend
+        >>> import jax
+        >>> from jaxckpt.attention import normalize
+        >>> from npu_backend._fusion import npu_attention
+        >>> from npu_backend._ops import reference_ops
         >>> q = jax.random.normal(jax.random.key(0), (2, 5, 6, 8))
         >>> kv = jax.random.normal(jax.random.key(1), (2, 7, 3, 8))
-        >>> out = npu_backend.fusion_attention(q, kv, kv, is_causal=True, ops=npu_backend.reference_ops())
-        >>> out.shape
-        (2, 5, 6, 8)
+        >>> out, lse = npu_attention(normalize(q, kv, kv, is_causal=True), reference_ops())
+        >>> out.shape, lse.shape
+        ((2, 5, 6, 8), (2, 6, 5))
     """
-    p = normalize(
-        query,
-        key,
-        value,
-        bias,
-        mask,
-        scale=scale,
-        is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
-        segment_ids=segment_ids,
-        logits_soft_cap=logits_soft_cap,
-        dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng,
-    )
-    out, lse = npu_attention(p, ops if ops is not None else torch_npu_ops())
-    return finish(out, lse, p.unbatched, False)
+    plan = call_plan(p)
+    return _attention(plan, ops, p.query, p.key, p.value, _extras(plan, p))

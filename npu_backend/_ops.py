@@ -33,6 +33,15 @@ def torch_npu_ops() -> FusionOps:
 
     Raises:
         RuntimeError: with the exact reason when torch_npu cannot run here.
+
+    Example:
+        >>> import npu_backend
+        >>> try:
+        ...     ops = npu_backend.torch_npu_ops()
+        ... except RuntimeError as err:
+        ...     ops = None
+        >>> ops is None or ops.device == "npu"
+        True
     """
     torch_npu = torch_npu_module()
     return FusionOps(
@@ -52,6 +61,8 @@ def reference_ops() -> FusionOps:
         >>> reference_ops().device
         'cpu'
     """
+    # Imported here, not at the top: npu_backend.reference imports torch, and
+    # `import npu_backend` (which registers the implementations) must not.
     from npu_backend import reference
 
     return FusionOps(

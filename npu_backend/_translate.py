@@ -5,15 +5,27 @@
 | query/key/value ``[B, T, N, H]``     | ``input_layout="BSND"``, ``head_num=N``; GQA passed as is    |
 | ``scale`` (default ``1/sqrt(H)``)    | ``scale=`` always passed (its default there is 1.0)          |
 | ``bias`` (added after the scale)     | ``pse = bias / scale`` (the op adds pse *before* the scale)  |
-| ``mask`` (True = attend)             | ``atten_mask = ~mask`` (True = masked out), ``sparse_mode=0``|
+| ``mask`` (True = attend), a window,  | ``atten_mask = ~visible`` on the ``[T, S]`` grid (True =     |
+| lengths/segments in BSND             | masked out), ``sparse_mode=0``: see "The mask" below         |
 | ``is_causal`` alone                  | ``sparse_mode=2`` (left-up causal) + the 2048x2048 mask      |
-| ``local_window_size=(left, right)``  | ``pre_tockens=left``, ``next_tockens=right`` + the band mask |
+| ``local_window_size=(left, right)``  | ``pre_tockens=left``, ``next_tockens=right`` + that mask     |
 | ``query/key_value_seq_lengths``      | ``input_layout="TND"``, cumulative ``actual_seq_qlen/kvlen`` |
 | ``segment_ids`` (contiguous runs)    | one TND sequence per segment                                 |
-| lengths/segments + bias/mask/window, | folded into the full ``atten_mask`` (BSND, ``sparse_mode=0``)|
+| lengths/segments + bias/mask/window, | the full ``atten_mask`` (BSND, ``sparse_mode=0``)            |
 | or segments TND cannot express       |                                                              |
 | ``dropout_rate``                     | ``keep_prob = 1 - dropout_rate``; seed from ``dropout_rng``  |
 | ``logits_soft_cap``                  | not supported: ``NotImplementedError``                       |
+
+The mask. Which key a query sees is decided once, by jaxckpt's predicate
+``jaxckpt.attention._masks.visible``: ``npu_backend._fusion`` evaluates it on the whole
+grid in JAX (``jaxckpt.attention.full_mask``) and hands over its negation, bool
+``[B|1, N|1, T, S]``. This module only lays that mask out for the op (a ``1NSS`` mask,
+which the op does not take, is expanded to ``BNSS``) and never rewrites it. The other
+routes are layout choices over the same predicate: causal alone is the op's own
+left-up causal mode (its compressed 2048x2048 mask), and the TND layout packs the
+tokens that lengths and segment ids keep. Segment ids may need the full mask after all
+(when TND cannot express them, which is known only on the host), so a call with
+segment ids hands both over.
 
 A query row that sees no key gets 0 and zero gradients here, whatever the kernel does
 with such a row (jaxckpt's contract); its ``dy`` is zeroed before the backward call.
@@ -39,6 +51,11 @@ class CallPlan:
         scale: the logit scale. causal: top-left causal. window: ``(left, right)``.
         keep_prob: ``1 - dropout_rate``. bias, mask, lengths, segments: which optional
         inputs the call has.
+
+    Example:
+        >>> plan = CallPlan(heads=2, t=5, s=7, scale=0.5, causal=True, lengths=True)
+        >>> plan.varlen, plan.full_mask
+        (True, False)
     """
 
     heads: int
@@ -60,6 +77,13 @@ class CallPlan:
         mask, which then carries the lengths and segments too, in BSND)."""
         return (self.lengths or self.segments) and not (self.bias or self.mask or self.window)
 
+    @property
+    def full_mask(self) -> bool:
+        """Whether the call hands the op a full ``atten_mask`` (built in JAX): for a mask,
+        a window, or lengths/segments in BSND; with segment ids always, as the fallback
+        for ids the TND layout cannot express."""
+        return self.mask or self.window is not None or self.segments or (self.lengths and not self.varlen)
+
 
 @functools.lru_cache(maxsize=8)
 def _compressed_causal_mask(device: str) -> "torch.Tensor":
@@ -73,20 +97,6 @@ def compressed_causal_mask(device) -> "torch.Tensor":
     return _compressed_causal_mask(str(device))
 
 
-def _band(plan: CallPlan, device) -> "torch.Tensor":
-    """``[T, S]`` bool: True where causal and window let query i see key j."""
-    th = torch()
-    i = th.arange(plan.t, device=device)[:, None]
-    j = th.arange(plan.s, device=device)[None, :]
-    visible = th.ones(plan.t, plan.s, dtype=th.bool, device=device)
-    if plan.causal:
-        visible &= j <= i
-    if plan.window is not None:
-        left, right = plan.window
-        visible &= (j >= i - left) & (j <= i + right)
-    return visible
-
-
 def _tokens(plan: CallPlan) -> tuple[int, int]:
     """``(pre_tockens, next_tockens)`` of the band the call keeps (top-left aligned)."""
     pre, nxt = plan.window if plan.window is not None else (MAX_TOKENS, MAX_TOKENS)
@@ -95,46 +105,29 @@ def _tokens(plan: CallPlan) -> tuple[int, int]:
     return pre, nxt
 
 
-def _folded(plan: CallPlan, extras: dict, device) -> "torch.Tensor":
-    """``[B', N', T, S]`` bool: the band, the lengths, the segments and the user mask."""
-    th = torch()
-    visible = _band(plan, device)[None, None]
-    i, j = th.arange(plan.t, device=device), th.arange(plan.s, device=device)
-    if "q_len" in extras:
-        visible = visible & (i[None, None, :, None] < extras["q_len"].to(device)[:, None, None, None])
-    if "kv_len" in extras:
-        visible = visible & (j[None, None, None, :] < extras["kv_len"].to(device)[:, None, None, None])
-    if "q_seg" in extras:
-        q_seg, kv_seg = extras["q_seg"].to(device), extras["kv_seg"].to(device)
-        visible = visible & (q_seg[:, None, :, None] == kv_seg[:, None, None, :])
-    if "mask" in extras:
-        visible = visible & extras["mask"].to(device)
-    return visible
-
-
 def mask_arguments(plan: CallPlan, extras: dict, batch: int, device) -> tuple[dict, "torch.Tensor | None"]:
     """The op's mask keywords for a BSND call, and ``[B', N', T]`` rows that see no key.
 
     Args:
-        extras: the call's optional tensors by name: the user ``mask`` ``[Bm, Nm, Tm, Sm]``
-            (True = attend), ``q_len``/``kv_len`` ``[B]``, ``q_seg``/``kv_seg``.
+        extras: the call's optional tensors by name; ``atten_mask`` (present when
+            ``plan.full_mask``) is jaxckpt's mask, ``[B|1, N|1, T, S]`` bool, True =
+            masked out, built in JAX from ``visible``.
 
     Returns:
         ``(kwargs, empty)``: ``sparse_mode``, ``atten_mask`` (True = masked out),
         ``pre_tockens``, ``next_tockens``; ``empty`` is None when every row sees a key.
     """
-    if not (plan.mask or plan.window or plan.lengths or plan.segments):
+    if not plan.full_mask:
         if plan.causal:
             return {"sparse_mode": 2, "atten_mask": compressed_causal_mask(device)}, None
         return {"sparse_mode": 0}, None
-    visible = _folded(plan, extras, device)
-    bm, nm = visible.shape[:2]
+    masked = extras["atten_mask"].to(device)
+    bm, nm = masked.shape[:2]
     if nm != 1 and bm == 1:  # the op takes BNSS, B1SS, 11SS or SS: no 1NSS
-        visible = visible.expand(batch, -1, -1, -1)
-    visible = visible.expand(-1, -1, plan.t, plan.s)
+        masked = masked.expand(batch, -1, -1, -1)
     pre, nxt = _tokens(plan)
-    kwargs = {"sparse_mode": 0, "atten_mask": ~visible.contiguous(), "pre_tockens": pre, "next_tockens": nxt}
-    empty = ~visible.any(-1)
+    kwargs = {"sparse_mode": 0, "atten_mask": masked.contiguous(), "pre_tockens": pre, "next_tockens": nxt}
+    empty = masked.all(-1)
     return kwargs, (empty if bool(empty.any()) else None)
 
 

@@ -1,4 +1,5 @@
-"""The XLA FFI attention route (``npu_backend._ffi``) against ``jaxckpt.attention_reference``.
+"""The XLA FFI attention route (``implementation="npu_ffi"``, ``npu_backend._ffi``) against
+``jaxckpt.attention_reference``.
 
 Forward (out and lse) and gradients, float32, on the CPU kernel behind the
 custom calls: plain, causal, window, causal + window, GQA, T != S, several key
@@ -6,6 +7,8 @@ blocks, rows that see no key, under jit and vmap; argument errors on both the
 Python and the C++ side; and the build script. The whole module skips itself
 when the C++ library cannot be built (no compiler).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +22,16 @@ from npu_backend import _ffi
 from npu_backend.ffi import build as ffi_build
 
 F32 = jnp.float32
+ffi_attention = functools.partial(jaxckpt.flash_attention, implementation="npu_ffi")
+
+
+def _ffi_out(vmap_method: str):
+    """The route's output, batched under vmap by ``vmap_method`` (not a flash_attention option)."""
+
+    def attend(q, k, v, **kw):
+        return _ffi.ffi_attention_normalized(normalize(q, k, v, **kw), vmap_method=vmap_method)[0]
+
+    return attend
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,7 +74,7 @@ def _results(fn, q, k, v, **kw):
 
 
 def _check(q, k, v, **kw):
-    out, lse, got = _results(_ffi.ffi_attention, q, k, v, **kw)
+    out, lse, got = _results(ffi_attention, q, k, v, **kw)
     ref_out, ref_lse, want = _results(jaxckpt.attention_reference, q, k, v, **kw)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert_close(out, ref_out, q.dtype, "fwd", "out")
@@ -115,10 +128,10 @@ def test_rows_without_keys_are_zero_with_zero_grads(shape, window):
 def test_under_jit():
     q, k, v = _inputs(3, 5, 7, 6, 2, 11)
     kw = dict(is_causal=True, local_window_size=(2, 1))
-    out = jax.jit(lambda q, k, v: _ffi.ffi_attention(q, k, v, **kw))(q, k, v)
+    out = jax.jit(lambda q, k, v: ffi_attention(q, k, v, **kw))(q, k, v)
     ref_out, _, want = _results(jaxckpt.attention_reference, q, k, v, **kw)
     assert_close(out, ref_out, F32, "fwd", "out")
-    got = jax.jit(lambda q, k, v: _grads(_ffi.ffi_attention, q, k, v, **kw))(q, k, v)
+    got = jax.jit(lambda q, k, v: _grads(ffi_attention, q, k, v, **kw))(q, k, v)
     for name, g, r in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert_close(g, r, F32, "grad", name)
 
@@ -132,12 +145,12 @@ def test_under_vmap(vmap_method, in_axes):
         k, v = jnp.stack([k, k[::-1]] * 2 + [k]), jnp.stack([v[::-1], v] * 2 + [v])
     kw = dict(is_causal=True, local_window_size=(3, 0))
 
-    def run(fn, **extra):
-        fwd = jax.vmap(lambda q, k, v: fn(q, k, v, **kw, **extra), in_axes=in_axes)
+    def run(fn):
+        fwd = jax.vmap(lambda q, k, v: fn(q, k, v, **kw), in_axes=in_axes)
         loss = lambda q, k, v: (fwd(q, k, v) * jnp.cos(jnp.arange(11.0))[None, None, None, None]).sum()
         return jax.jit(lambda q, k, v: (fwd(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)))(q, k, v)
 
-    out, grads = run(_ffi.ffi_attention, vmap_method=vmap_method)
+    out, grads = run(_ffi_out(vmap_method))
     ref_out, ref_grads = run(jaxckpt.attention_reference)
     assert out.shape == (5, 3, 5, 6, 11)
     assert_close(out, ref_out, F32, "fwd", "out")
@@ -178,19 +191,36 @@ def test_normalized_entry_point():
             "multiple of the number of key",
         ),
         (dict(query=np.zeros((3, 5, 6, 11), np.int32)), TypeError, "query"),
-        (dict(is_causal=1), TypeError, "is_causal"),
-        (dict(is_causal=jnp.array(True)), TypeError, "is_causal"),
         (dict(local_window_size=(-1, 2)), ValueError, "local_window_size"),
         (dict(local_window_size="wide"), TypeError, "local_window_size"),
         (dict(scale=float("nan")), ValueError, "scale"),
-        (dict(vmap_method="expand_dims"), ValueError, "vmap_method"),
     ],
 )
 def test_argument_errors(change, error, match):
     q, k, v = _inputs(3, 5, 7, 6, 3, 11)
     args = dict(query=q, key=k, value=v) | change
     with pytest.raises(error, match=match):
-        _ffi.ffi_attention(**args)
+        ffi_attention(**args)
+
+
+def test_vmap_method_errors():
+    q, k, v = _inputs(3, 5, 7, 6, 3, 11)
+    with pytest.raises(ValueError, match="vmap_method"):
+        _ffi.ffi_attention_normalized(normalize(q, k, v), vmap_method="expand_dims")
+
+
+def test_is_causal_reaches_the_kernel_as_a_bool():
+    """normalize turns a truthy is_causal into the C++ attribute's bool (was: a TypeError)."""
+    q, k, v = _inputs(3, 5, 7, 6, 3, 11)
+    want = ffi_attention(q, k, v, is_causal=True)
+    for truthy in (1, np.bool_(True), jnp.array(True)):
+        np.testing.assert_array_equal(ffi_attention(q, k, v, is_causal=truthy), want)
+
+
+def test_features_outside_the_route_say_which():
+    q, k, v = _inputs(3, 5, 7, 6, 3, 11)
+    with pytest.raises(NotImplementedError, match="npu_ffi"):
+        ffi_attention(q, k, v, mask=jnp.ones((5, 7), bool))
 
 
 def test_handler_checks_shapes():

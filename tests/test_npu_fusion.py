@@ -20,6 +20,8 @@ from tolerances import assert_close  # noqa: E402
 
 import jaxckpt  # noqa: E402
 import npu_backend  # noqa: E402
+from jaxckpt.attention import normalize  # noqa: E402
+from npu_backend._fusion import npu_attention  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -101,8 +103,8 @@ def test_unsupported_arguments_raise_not_implemented():
     q = jnp.ones((1, 5, 2, 8))
     with pytest.raises(NotImplementedError, match="softcap"):
         jaxckpt.flash_attention(q, q, q, logits_soft_cap=5.0, implementation="npu_reference")
-    with pytest.raises(NotImplementedError, match="logits_soft_cap"):
-        npu_backend.fusion_attention(q, q, q, logits_soft_cap=5.0, ops=npu_backend.reference_ops())
+    with pytest.raises(NotImplementedError, match="logits_soft_cap"):  # the route's own check
+        npu_attention(normalize(q, q, q, logits_soft_cap=5.0), npu_backend.reference_ops())
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -137,7 +139,7 @@ def test_npu_without_torch_npu_is_a_clear_error_not_a_fallback():
     with pytest.raises(ValueError, match=r"npu.*unavailable.*torch_npu"):
         jaxckpt.flash_attention(q, q, q, implementation="npu")
     with pytest.raises(RuntimeError, match="Ascend NPU backend is unavailable"):
-        npu_backend.fusion_attention(q, q, q)
+        npu_backend.torch_npu_ops()
     assert "npu" not in jaxckpt.attention.available_implementations()
 
 

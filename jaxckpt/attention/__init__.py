@@ -8,7 +8,7 @@ and the implementation registry that backends such as ``npu_backend`` plug into.
 from jaxckpt.attention._api import flash_attention
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._dropout import dropout_mask
-from jaxckpt.attention._reference import attention_reference
+from jaxckpt.attention._reference import attention_reference, full_mask
 from jaxckpt.attention._registry import (
     FEATURES,
     Implementation,
@@ -29,6 +29,7 @@ __all__ = [
     "dropout_mask",
     "features_used",
     "flash_attention",
+    "full_mask",
     "implementations",
     "normalize",
     "register_implementation",

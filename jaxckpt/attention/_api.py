@@ -1,7 +1,5 @@
 """``flash_attention``: validate once, resolve ``implementation``, dispatch."""
 
-import jax
-
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._blockwise import blockwise_attention
 from jaxckpt.attention._jax_nn import (
@@ -12,12 +10,16 @@ from jaxckpt.attention._jax_nn import (
 )
 from jaxckpt.attention._reference import reference_normalized
 from jaxckpt.attention._registry import features_used, implementations, lookup, register_implementation
-from jaxckpt.attention._validate import AttentionInputs, finish, normalize
+from jaxckpt.attention._signature import entry_point
+from jaxckpt.attention._validate import AttentionInputs
 
 register_implementation("blockwise", blockwise_attention)
-register_implementation("reference", lambda p, block_sizes: reference_normalized(p))
+register_implementation("reference", lambda p, block_sizes: reference_normalized(p), materializes_scores=True)
 register_implementation(
-    "xla", lambda p, bs: jax_nn_attention(p, bs, implementation="xla"), supports=JAX_NN_FEATURES
+    "xla",
+    lambda p, bs: jax_nn_attention(p, bs, implementation="xla"),
+    supports=JAX_NN_FEATURES,
+    materializes_scores=True,
 )
 register_implementation(
     "cudnn",
@@ -34,26 +36,10 @@ def _auto(p: AttentionInputs) -> str:
     return "blockwise"
 
 
-def flash_attention(
-    query,
-    key,
-    value,
-    bias=None,
-    mask=None,
-    *,
-    scale=None,
-    is_causal=False,
-    query_seq_lengths=None,
-    key_value_seq_lengths=None,
-    local_window_size=None,
-    segment_ids=None,
-    logits_soft_cap=None,
-    dropout_rate=0.0,
-    dropout_rng=None,
-    block_sizes=None,
-    implementation=None,
-    return_residual=False,
-):
+# The public signature (the contract's, from normalize, + these two + return_residual)
+# is built by entry_point; the body runs on the canonical inputs normalize returns.
+@entry_point(block_sizes=None, implementation=None)
+def flash_attention(inputs: AttentionInputs, *, block_sizes, implementation):
     """Attention with O(T) memory: a drop-in for ``jax.nn.dot_product_attention``.
 
     Shapes use B batch, T query length, S key length, N query heads, K key/value
@@ -108,22 +94,4 @@ def flash_attention(
         )
     if implementation is not None and not isinstance(implementation, str):
         raise TypeError(f"implementation must be a string or None; got {implementation!r}.")
-    p = normalize(
-        query,
-        key,
-        value,
-        bias,
-        mask,
-        scale=scale,
-        is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
-        segment_ids=segment_ids,
-        logits_soft_cap=logits_soft_cap,
-        dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng,
-    )
-    impl = lookup(implementation or _auto(p), p)
-    out, lse = impl.fn(p, block_sizes)
-    return finish(out, jax.numpy.asarray(lse), p.unbatched, return_residual)
+    return lookup(implementation or _auto(inputs), inputs).fn(inputs, block_sizes)

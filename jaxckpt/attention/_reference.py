@@ -5,11 +5,28 @@ import jax.numpy as jnp
 
 from jaxckpt.attention import _dropout
 from jaxckpt.attention._masks import visible
-from jaxckpt.attention._validate import AttentionInputs, finish, normalize
+from jaxckpt.attention._signature import entry_point
+from jaxckpt.attention._validate import AttentionInputs
 
 
 def full_mask(p: AttentionInputs) -> jax.Array:
-    """``visible`` on the whole grid: bool ``[B|1, N|1, T, S]``."""
+    """The one mask predicate (``visible``) on the whole grid: bool ``[B|1, N|1, T, S]``.
+
+    True where query ``t`` may attend key ``s`` given every masking argument of the
+    call (causal, window, lengths, segment ids, the boolean mask). Routes whose
+    kernel takes an explicit mask (``jax.nn``, the NPU's ``atten_mask``) build it here,
+    so no backend re-derives the rules.
+
+    Args:
+        p: canonical inputs, from :func:`jaxckpt.attention.normalize`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.attention import full_mask, normalize
+        >>> q = jnp.ones((1, 3, 2, 8))
+        >>> full_mask(normalize(q, q, q, is_causal=True))[0, 0].astype(int).tolist()
+        [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    """
     cfg, a = p.static.mask, p.arrays
     q_idx = jnp.arange(cfg.t)[None, None, :, None]
     k_idx = jnp.arange(cfg.s)[None, None, None, :]
@@ -53,26 +70,9 @@ def reference_normalized(p: AttentionInputs) -> tuple[jax.Array, jax.Array]:
     return out.astype(p.query.dtype), lse + row_max[..., 0]
 
 
-def attention_reference(
-    query,
-    key,
-    value,
-    bias=None,
-    mask=None,
-    *,
-    scale=None,
-    is_causal=False,
-    query_seq_lengths=None,
-    key_value_seq_lengths=None,
-    local_window_size=None,
-    segment_ids=None,
-    logits_soft_cap=None,
-    dropout_rate=0.0,
-    dropout_rng=None,
-    block_sizes=None,
-    implementation=None,
-    return_residual=False,
-):
+# The public signature is flash_attention's, built by entry_point (see _signature.py).
+@entry_point(block_sizes=None, implementation=None)
+def attention_reference(inputs: AttentionInputs, *, block_sizes, implementation):
     """Naive softmax attention in float32: the ground truth for every kernel.
 
     Same signature and meaning as :func:`jaxckpt.flash_attention`
@@ -90,21 +90,4 @@ def attention_reference(
         (1, 5, 3, 8)
     """
     del block_sizes, implementation
-    p = normalize(
-        query,
-        key,
-        value,
-        bias,
-        mask,
-        scale=scale,
-        is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
-        segment_ids=segment_ids,
-        logits_soft_cap=logits_soft_cap,
-        dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng,
-    )
-    out, lse = reference_normalized(p)
-    return finish(out, lse, p.unbatched, return_residual)
+    return reference_normalized(inputs)

@@ -30,6 +30,15 @@ class Implementation:
         unavailable: returns None when it can run here, else the reason it cannot.
         shares_dropout_mask: its dropout drops exactly ``dropout_mask(rng, ...)``; False
             for a backend whose kernel draws its own mask (e.g. the NPU's generator).
+        materializes_scores: whether it holds the ``[B, N, T, S]`` logits/probabilities
+            in JAX device memory (O(T * S), like "reference" and "xla"), rather than
+            O(T) as a flash kernel does. The memory planner reads it.
+
+    Example:
+        >>> from jaxckpt.attention import implementations
+        >>> impl = implementations()["blockwise"]
+        >>> impl.name, impl.materializes_scores
+        ('blockwise', False)
     """
 
     name: str
@@ -37,6 +46,7 @@ class Implementation:
     supports: frozenset = FEATURES
     unavailable: Callable[[], str | None] = _always
     shares_dropout_mask: bool = True
+    materializes_scores: bool = False
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -49,6 +59,7 @@ def register_implementation(
     supports=FEATURES,
     unavailable: Callable[[], str | None] = _always,
     shares_dropout_mask: bool = True,
+    materializes_scores: bool = False,
 ) -> None:
     """Makes ``fn`` callable as ``flash_attention(..., implementation=name)``.
 
@@ -64,32 +75,60 @@ def register_implementation(
         shares_dropout_mask: False when ``fn`` draws its own dropout mask (a kernel's
             generator) instead of ``jaxckpt.attention.dropout_mask``: the same rate, a
             different mask, so dropout results are not comparable across backends.
+        materializes_scores: True when ``fn`` holds the ``[B, N, T, S]`` scores in JAX
+            device memory (naive softmax attention); False for an O(T) flash kernel,
+            or one whose scores live outside JAX (a host callback). The memory planner
+            budgets O(T * S) attention activations for the implementations marked True.
 
     Example:
         >>> from jaxckpt.attention import register_implementation, attention_reference
         >>> from jaxckpt.attention._reference import reference_normalized
-        >>> register_implementation("my_ref", lambda inputs, bs: reference_normalized(inputs))
+        >>> register_implementation(
+        ...     "my_ref", lambda inputs, bs: reference_normalized(inputs), materializes_scores=True
+        ... )
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty string; got {name!r}.")
     unknown = set(supports) - FEATURES
     if unknown:
         raise ValueError(f"supports has unknown features {sorted(unknown)}; known: {sorted(FEATURES)}.")
-    _REGISTRY[name] = Implementation(name, fn, frozenset(supports), unavailable, shares_dropout_mask)
+    _REGISTRY[name] = Implementation(
+        name, fn, frozenset(supports), unavailable, shares_dropout_mask, bool(materializes_scores)
+    )
 
 
 def implementations() -> dict[str, Implementation]:
-    """A copy of the registry, name -> :class:`Implementation`."""
+    """A copy of the registry, name -> :class:`Implementation`.
+
+    Example:
+        >>> from jaxckpt.attention import implementations
+        >>> sorted(n for n, i in implementations().items() if i.materializes_scores)[:2]
+        ['reference', 'xla']
+    """
     return dict(_REGISTRY)
 
 
 def available_implementations() -> list[str]:
-    """Names of the implementations that can run on this machine."""
+    """Names of the implementations that can run on this machine.
+
+    Example:
+        >>> from jaxckpt.attention import available_implementations
+        >>> "blockwise" in available_implementations()
+        True
+    """
     return [name for name, impl in _REGISTRY.items() if impl.unavailable() is None]
 
 
 def features_used(p: AttentionInputs) -> set[str]:
-    """Which optional features a call uses (names from :data:`FEATURES`)."""
+    """Which optional features a call uses (names from :data:`FEATURES`).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.attention import features_used, normalize
+        >>> q = jnp.ones((1, 5, 3, 8))
+        >>> sorted(features_used(normalize(q, q, q, is_causal=True, logits_soft_cap=5.0)))
+        ['causal', 'softcap']
+    """
     a, st = p.arrays, p.static
     used = {
         "bias": p.bias is not None,

@@ -197,9 +197,30 @@ def normalize(
 ) -> AttentionInputs:
     """Checks every argument of ``flash_attention`` and returns the canonical form.
 
+    This signature is the one place where the contract's arguments are written:
+    ``flash_attention``, ``attention_reference`` and every registered implementation
+    are built from it (``jaxckpt.attention._signature``). To add an argument, add it
+    here, with its check, and to :class:`AttentionInputs`.
+
+    Args:
+        query, key, value, bias, mask, scale, is_causal, query_seq_lengths,
+            key_value_seq_lengths, local_window_size, segment_ids, logits_soft_cap,
+            dropout_rate, dropout_rng: as ``jaxckpt.flash_attention``.
+
+    Returns:
+        :class:`AttentionInputs`: rank-4 ``BTNH`` arrays, rank-4 bias and mask, int32
+        lengths and segment ids, and the hashable static configuration.
+
     Raises:
         ValueError: a shape, rank or value is wrong (the message shows the shapes).
         TypeError: a dtype is wrong (integer query, float mask, ...).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.attention import normalize
+        >>> p = normalize(jnp.ones((5, 3, 8)), jnp.ones((7, 1, 8)), jnp.ones((7, 1, 8)), is_causal=True)
+        >>> p.query.shape, p.static.mask, p.unbatched
+        ((1, 5, 3, 8), MaskConfig(t=5, s=7, is_causal=True, window=None), True)
     """
     query, key, value, unbatched = _qkv(query, key, value)
     (b, t, n, h), s = query.shape, key.shape[1]
@@ -233,7 +254,7 @@ def normalize(
 
 
 def finish(out: jax.Array, lse: jax.Array, unbatched: bool, return_residual: bool):
-    """Puts canonical results back in the caller's layout (drops B, lse as [B,T,N])."""
+    """Puts canonical results back in the caller's layout (drops B, lse as [B, T, N])."""
     lse = jnp.swapaxes(lse, 1, 2)
     if unbatched:
         out, lse = out[0], lse[0]
