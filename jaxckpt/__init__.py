@@ -1,8 +1,17 @@
 """jaxckpt: memory-efficient transformer training in JAX.
 
-Blockwise (FlashAttention-2) attention with a custom VJP, remat policies over
-named activations, Flax NNX models, an optax training loop and memory
-measurement of the compiled train step (the budget solver is on its way).
+Blockwise (FlashAttention-2) attention with a custom VJP (``attention``), remat
+policies over named activations (``remat``), Flax NNX models (``nn``), an optax
+training loop with data parallel + FSDP and orbax checkpoints (``train``), and a
+memory planner that predicts a train step's peak, picks the cheapest remat spec that
+fits a budget and verifies it against XLA's compiled memory analysis (``plan``).
+
+Example:
+    >>> import jax, jaxckpt
+    >>> q = jax.random.normal(jax.random.key(0), (1, 7, 2, 8))  # [B, T, N, H]
+    >>> out = jaxckpt.flash_attention(q, q, q, is_causal=True)
+    >>> bool(jax.numpy.allclose(out, jaxckpt.attention_reference(q, q, q, is_causal=True), atol=1e-5))
+    True
 """
 
 from jaxckpt import attention, nn, plan, remat, train

@@ -15,13 +15,12 @@ from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._build import from_params
 from jaxckpt.nn._config import PRESETS, TransformerConfig
-from jaxckpt.nn._layers import LOGICAL_AXES, Embedding, LayerNorm, RMSNorm, logical_axes
+from jaxckpt.nn._layers import Embedding, LayerNorm, RMSNorm, logical_axes
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.nn._rope import apply_rope, rope_tables
 from jaxckpt.nn._transformer import Transformer, run_blocks
 
 __all__ = [
-    "LOGICAL_AXES",
     "MLP",
     "PRESETS",
     "Attention",
