@@ -6,6 +6,7 @@ for torch_npu (``implementation="npu_reference"``). The same cases run against t
 kernels (``implementation="npu"``), marked ``npu``, wherever torch_npu sees an NPU.
 """
 
+import dataclasses
 import itertools
 
 import jax
@@ -15,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attention_cases import Case, build, evaluate, seen_rows  # noqa: E402
+from attention_cases import Case, build, evaluate, seen_rows, visible_np  # noqa: E402
 from tolerances import assert_close  # noqa: E402
 
 import jaxckpt  # noqa: E402
@@ -68,6 +69,31 @@ def _check(impl: str, case: Case) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_the_reference(impl, case):
     _check(impl, case)
+
+
+@pytest.mark.parametrize(
+    "features", [("mask", "lengths"), ("window", "segments", "bias"), ("causal", "mask", "lengths")]
+)
+def test_the_op_masks_exactly_what_visible_hides(features):
+    """The atten_mask handed to npu_fusion_attention is jaxckpt's own mask, built in JAX from
+    the one predicate: True exactly where the independent NumPy oracle says a pair is hidden."""
+    seen = []
+    ref = npu_backend.reference_ops()
+
+    def forward(*args, **kwargs):
+        seen.append(kwargs)
+        return ref.forward(*args, **kwargs)
+
+    inp = build(Case(**SHAPES[1], features=features, block=None, variant=1, seed=40))
+    p = normalize(inp.q, inp.k, inp.v, **inp.arrays, **inp.static)
+    out, _ = npu_attention(p, dataclasses.replace(ref, forward=forward))
+    jax.block_until_ready(out)
+    (kwargs,) = seen
+    hidden = np.asarray(kwargs["atten_mask"])
+    assert kwargs["sparse_mode"] == 0 and hidden.dtype == np.bool_
+    hides = ~visible_np(inp)  # [B, N, T, S]
+    np.testing.assert_array_equal(np.broadcast_to(hidden, hides.shape), hides)
+    assert_close(out, jaxckpt.attention_reference(inp.q, inp.k, inp.v, **inp.arrays, **inp.static), "float32")
 
 
 def _dropout(impl: str, rng, rate=0.3, x=None):
