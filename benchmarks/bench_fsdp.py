@@ -6,7 +6,7 @@ below before JAX starts): they share this machine's cores, so the step time says
 about real scaling; only ratios to D=1 are reported. Memory is XLA's compiled memory
 analysis of the sharded step, per device, which is exact; activations are the step's
 temp buffers less the gradients (one device's share of the parameters), and the
-predicted peak is ``plan.predict(..., devices=D)``.
+predicted peak is ``plan.predict(plan.Workload(..., devices=D), remat)``.
 
     python benchmarks/bench_fsdp.py            # the small config, global batch 8, T=256
     python benchmarks/bench_fsdp.py --quick    # the tiny config, T=64
@@ -47,7 +47,7 @@ def measure(config: nn.TransformerConfig, devices: int, batch: int, seq: int, st
         start = time.perf_counter()
         losses.append(float(jax.block_until_ready(trainer.step(batches.batch_at(step)))))
         times.append(time.perf_counter() - start)
-    predicted = plan.predict(config, batch, seq, config.remat, devices=devices)
+    predicted = plan.predict(plan.Workload(config, batch, seq, devices=devices), config.remat)
     return {
         "devices": devices,
         "state_bytes_per_device": state_bytes,

@@ -9,7 +9,7 @@ Four parts, in one run:
 2. pareto: on ``small``, measured temp memory against recompute FLOPs and against step
    time, for every preset and for ``plan_memory`` at budgets spread evenly from the
    full-remat peak to the no-remat peak (``results/pareto.png``).
-3. cost rule: ``plan_memory`` given the measured peak of ``remat.by_cost(threshold)`` as its
+3. cost rule: ``plan_memory`` given the measured peak of ``plan.by_cost(threshold)`` as its
    budget must never recompute more than the rule does; one threshold between each pair of
    adjacent per-tag FLOPs-per-byte ratios, so every spec the rule can return is tried.
 4. targets: at each budget, the solver's step time over that of the fastest preset whose
@@ -65,6 +65,11 @@ class Case:
     batch: int
     seq: int
 
+    @property
+    def workload(self) -> plan.Workload:
+        """The planner's view of the case (one device, AdamW)."""
+        return plan.Workload(self.config, self.batch, self.seq)
+
     def describe(self) -> str:
         c = self.config
         shape = f"{c.family}, {c.n_layers} layers, d {c.d_model}, V {c.vocab_size}"
@@ -114,7 +119,7 @@ class Measured:
     def __call__(self, case: Case, spec: RematSpec):
         key = (case.name, spec)
         if key not in self._reports:
-            self._reports[key] = plan.measure(case.config, case.batch, case.seq, spec)
+            self._reports[key] = plan.measure(case.workload, spec)
         return self._reports[key]
 
     def add_attempts(self, case: Case, memory_plan) -> None:
@@ -145,7 +150,7 @@ def accuracy(measured: Measured, names: list[str], console: Console) -> list[dic
         for name in names:
             with console.status(f"accuracy: {case.name} {name} ..."):
                 report = measured(case, remat.get(name))
-            predicted = plan.predict(case.config, case.batch, case.seq, name).total
+            predicted = plan.predict(case.workload, name).total
             rows.append(
                 {
                     "config": case.name,
@@ -184,7 +189,7 @@ def solver_plans(case: Case, budgets: list[int], measured: Measured, console: Co
     for budget in budgets:
         with console.status(f"plan_memory {case.name} budget {budget / MIB:.1f} MiB ..."):
             try:
-                memory_plan = plan.plan_memory(case.config, case.batch, case.seq, budget)
+                memory_plan = plan.plan_memory(case.workload, budget)
             except plan.BudgetError as err:
                 points.append({"budget": budget, "plan": None, "error": str(err)})
                 continue
@@ -199,7 +204,7 @@ def solver_plans(case: Case, budgets: list[int], measured: Measured, console: Co
 def thresholds_between(case: Case) -> list[float]:
     """0, the geometric mean of each pair of adjacent tag ratios, and twice the largest ratio:
     one threshold for every distinct spec ``by_cost`` can return."""
-    ratios = sorted(set(remat.tag_flops_per_byte(case.config, case.seq).values()))
+    ratios = sorted(set(plan.tag_flops_per_byte(case.config, case.seq).values()))
     between = [float(np.sqrt(a * b)) for a, b in itertools.pairwise(ratios)]
     return [0.0, *between, 2.0 * ratios[-1]]
 
@@ -208,17 +213,17 @@ def cost_rule(case: Case, thresholds, measured: Measured, console: Console) -> l
     """For each threshold: by_cost's spec and peak, and plan_memory's answer at that peak."""
     rows, solved = [], {}
     for threshold in thresholds:
-        spec = remat.by_cost(threshold, case.config, case.seq)
+        spec = plan.by_cost(threshold, case.config, case.seq)
         with console.status(f"cost rule: threshold {threshold:.4g} ..."):
             peak = measured(case, spec).peak
             if spec not in solved:
                 try:
-                    solved[spec] = plan.plan_memory(case.config, case.batch, case.seq, peak)
+                    solved[spec] = plan.plan_memory(case.workload, peak)
                     measured.add_attempts(case, solved[spec])
                 except plan.BudgetError:
                     solved[spec] = None
         answer = solved[spec]
-        rule = plan.choice(case.config, case.batch, case.seq, spec)
+        rule = plan.choice(case.workload, spec)
         rows.append(
             {
                 "threshold": threshold,
@@ -238,7 +243,7 @@ def cost_rule(case: Case, thresholds, measured: Measured, console: Console) -> l
 
 
 def cost_table(rows: list[dict], case: Case) -> Table:
-    title = f"3. solver (plan_memory) vs the cost rule remat.by_cost at equal budget, {case.describe()}"
+    title = f"3. solver (plan_memory) vs the cost rule plan.by_cost at equal budget, {case.describe()}"
     table = Table(title=title)
     table.add_column("threshold FLOP/B", justify="right")
     table.add_column("by_cost spec", overflow="fold")
@@ -389,7 +394,7 @@ def pareto_points(case, names, points, measured, medians) -> tuple[list[dict], l
 
     def point(spec, name, text):
         report = measured(case, spec)
-        flops = plan.choice(case.config, case.batch, case.seq, spec).recompute_flops
+        flops = plan.choice(case.workload, spec).recompute_flops
         return {
             "label": text,
             "remat": name,

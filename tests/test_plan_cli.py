@@ -92,6 +92,7 @@ def test_infeasible_budget_prints_the_table_then_minimum_and_exits_1(capsys):
     rows = [line for line in out.splitlines() if line.rstrip().endswith("%")]
     assert len(rows) >= 8 and all(" no " in line for line in rows)
     assert "no remat spec fits 14.00 MiB" in err and "smallest peak is" in err and "What would fit" in err
+    assert "What would fit: --optimizer adafactor" in err  # the planner's optimizer=adafactor, as a flag
     assert "Traceback" not in err
 
 
@@ -101,7 +102,8 @@ def test_infeasible_budget_json_has_no_choice_and_the_error(capsys):
     assert code == 1
     result = json.loads(out)
     assert result["chosen"] is None
-    assert "smallest peak is" in result["error"] and "What would fit" in result["error"]
+    assert "smallest peak is" in result["error"]
+    assert "What would fit: --optimizer adafactor" in result["error"]
     rows = _check_rows(result["rows"])
     assert not any(r["fits"] for r in rows.values())
     assert result["minimum_bytes"] > result["budget_bytes"]
@@ -110,7 +112,7 @@ def test_infeasible_budget_json_has_no_choice_and_the_error(capsys):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--budget", "1GB", "--devices", "2"], "--batch 1 must be a multiple of --devices 2"),
+        (["--budget", "1GB", "--devices", "2"], "Workload: --batch 1 must be a multiple of --devices 2"),
         (["--budget", "12XB"], "--budget: size '12XB'"),
         (["--device", "tpu-v9"], "--device: invalid choice: 'tpu-v9'"),
         (["--budget", "1GB", "--optimizer", "lion"], "--optimizer: invalid choice"),
@@ -130,7 +132,8 @@ def test_bad_arguments_exit_2_naming_the_argument(extra, message, capsys):
 
 @pytest.mark.slow
 def test_devices_plans_per_device_compiled_over_simulated_devices(capsys):
-    """This process has one CPU device: each candidate is compiled in a subprocess with 2."""
+    """Per device over 2 of the test process's 8 CPU devices (a process with fewer compiles in
+    a subprocess: ``test_plan_measure`` checks that path against this one)."""
     code, out, _ = _run(["plan", "--model", "tiny", "--batch", "2", "--seq", "64", "--budget", "12MiB",
                          "--devices", "2", "--json"], capsys)  # fmt: skip
     assert code == 0

@@ -80,7 +80,7 @@ def test_resume_gives_the_same_next_step_loss(tmp_path):
 def test_checkpoints_are_not_overwritten_without_force(tmp_path):
     kwargs = dict(steps=1, batch=2, seq=7, progress=False, checkpoint_dir=tmp_path / "c")
     train.train(SMALL, **kwargs)
-    with pytest.raises(FileExistsError, match="--force"):
+    with pytest.raises(FileExistsError, match="force=True"):
         train.train(SMALL, **kwargs)
     train.train(SMALL, **kwargs, force=True)
     # Bad input fails before --force deletes anything.
@@ -89,7 +89,7 @@ def test_checkpoints_are_not_overwritten_without_force(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
         train.train(SMALL, **kwargs, data=tmp_path / "missing.txt", force=True)
     assert train.latest_step(tmp_path / "c") == 1
-    with pytest.raises(ValueError, match="--resume needs --checkpoint-dir"):
+    with pytest.raises(ValueError, match="resume=True needs checkpoint_dir="):
         train.train(SMALL, steps=1, batch=2, seq=7, progress=False, resume=True)
     with pytest.raises(ValueError, match=r"config\.n_layers: 3 -> 2"):
         train.train(SMALL.replace(n_layers=2), **{**kwargs, "steps": 2}, resume=True)
