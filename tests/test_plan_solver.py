@@ -173,3 +173,17 @@ def test_solver_never_recomputes_more_than_by_cost_at_its_budget():
         rule = plan.choice(W, plan.by_cost(threshold, CONFIG, SEQ))
         solved = plan.solve(W, rule.predicted.total)
         assert plan.choice(W, solved).recompute_flops <= rule.recompute_flops
+
+
+def test_what_would_fit_is_predicted_for_the_workload_it_names():
+    """Each hint is a workload whose full-remat prediction fits (a shorter ``seq`` is a shorter
+    sequence: the hint for ``seq=64`` is not checked at another batch)."""
+    from jaxckpt.plan._solver import _infeasible_message
+
+    workload, limit = plan.Workload(nn.TransformerConfig.preset("tiny"), 8, 256), 24 * 2**20
+    message = _infeasible_message(workload, limit, smallest=limit + 1)
+    hints = message.split("What would fit: ")[1]
+    assert hints == "batch=1 micro_batches=8 (same tokens per step); seq=64; devices=4 (FSDP: mesh=fsdp=4)"
+    fits = lambda **changes: plan.predict(workload.replace(**changes), "full").total <= limit
+    assert fits(batch=1, micro_batches=8) and fits(seq=64) and fits(devices=4)
+    assert not fits(seq=128) and not fits(devices=2)

@@ -61,88 +61,110 @@ def solve(
         >>> plan.predict(w, spec).total <= plan.predict(w, "save_attn").total
         True
     """
-    base = predict(workload, RematSpec())
-    config = workload.config
     graph = layer_graph(workload)
     tags = [t for t in (tags if tags is not None else _tunable(graph)) if t != Tag.LAYER_INPUT]
-    ops = list(graph.ops)
-    nt, no = len(tags), len(ops)
-    # variables: keep_t (nt), off_t (nt), run_o (no)
-    nv = 2 * nt + no
-    keep = {t: i for i, t in enumerate(tags)}
-    off = {t: nt + i for i, t in enumerate(tags)}
-    run = {op.name: 2 * nt + i for i, op in enumerate(ops)}
-    rows, lo, hi = [], [], []
+    program = _Program(graph, tags)
+    program.add_recompute_rules(offload)
+    program.add_exclusions(exclude)
+    if not program.add_budget(workload, budget):
+        return None
+    return program.solve(device)
 
-    def constraint(coefs: dict[int, float], low: float, high: float) -> None:
-        row = np.zeros(nv)
+
+class _Program:
+    """The MILP's variables and rows: ``keep_t``, ``off_t`` per tag, then ``run_o`` per op."""
+
+    def __init__(self, graph: LayerGraph, tags: list[Tag]):
+        self.graph, self.tags, self.ops = graph, tags, list(graph.ops)
+        nt = len(tags)
+        self.size = 2 * nt + len(self.ops)
+        self.keep = {t: i for i, t in enumerate(tags)}
+        self.off = {t: nt + i for i, t in enumerate(tags)}
+        self.run = {op.name: 2 * nt + i for i, op in enumerate(self.ops)}
+        self.rows, self.lo, self.hi = [], [], []
+        # bytes: a tag's values, counted once per layer
+        self.tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
+
+    def constraint(self, coefs: dict[int, float], low: float, high: float) -> None:
+        """``low <= sum(c * var) <= high``."""
+        row = np.zeros(self.size)
         for index, c in coefs.items():
             row[index] += c
-        rows.append(row)
-        lo.append(low)
-        hi.append(high)
+        self.rows.append(row)
+        self.lo.append(low)
+        self.hi.append(high)
 
-    def saved(value: str) -> dict[int, float]:
-        tag = graph.values[value].tag  # the layer input's tag is not a decision: always kept
-        return {keep[tag]: 1.0, off[tag]: 1.0} if tag in keep else {}
+    def saved(self, value: str) -> dict[int, float]:
+        """``keep + off`` of the tag ``value`` carries (the layer input is not a decision: kept)."""
+        tag = self.graph.values[value].tag
+        return {self.keep[tag]: 1.0, self.off[tag]: 1.0} if tag in self.keep else {}
 
-    for t in tags:
-        constraint({keep[t]: 1, off[t]: 1}, -np.inf, 1)
-        if not offload:
-            constraint({off[t]: 1}, 0, 0)
-    for value in graph.reads:
-        if value == "x":
-            continue
-        producer = run[graph.producer(value).name]
-        constraint({producer: 1, **saved(value)}, 1, np.inf)  # run + keep + off >= 1
-    for op in ops:
-        for value in op.inputs:
+    def add_recompute_rules(self, offload: bool) -> None:
+        """A tag is kept or offloaded at most once; what the backward pass reads is saved or rerun."""
+        graph, run = self.graph, self.run
+        for t in self.tags:
+            self.constraint({self.keep[t]: 1, self.off[t]: 1}, -np.inf, 1)
+            if not offload:
+                self.constraint({self.off[t]: 1}, 0, 0)
+        for value in graph.reads:
             if value == "x":
                 continue
             producer = run[graph.producer(value).name]
-            coefs = {producer: 1.0, run[op.name]: -1.0}
-            for index, c in saved(value).items():
-                coefs[index] = coefs.get(index, 0) + c
-            constraint(coefs, 0, np.inf)  # run_p + keep + off >= run_o
-    for spec in exclude:  # differ from spec in at least one choice
-        coefs: dict[int, float] = {}
-        flips = 0
-        for t in tags:
-            for var, chosen in ((keep[t], t in spec.save), (off[t], t in spec.offload)):
-                coefs[var] = -1.0 if chosen else 1.0
-                flips += chosen
-        constraint(coefs, 1 - flips, np.inf)
-    # bytes: a tag's values, counted once per layer; kept tags shrink the working set too
-    tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
-    fixed = base.params + base.grads + base.optimizer + base.inputs
-    x = graph.values["x"].nbytes
-    working = layer_working_set(workload)
-    head = head_working_set(workload)
-    n = config.n_layers
-    room = budget - fixed
-    if room < update_workspace(workload):  # the optimizer update alone does not fit
-        return None
-    # n*(x + K) + working - K <= room, and n*(x + K) + head <= room
-    constraint({keep[t]: (n - 1) * tag_bytes[t] for t in tags}, -np.inf, room - n * x - working)
-    constraint({keep[t]: n * tag_bytes[t] for t in tags}, -np.inf, room - n * x - head)
-    # cost in GFLOP: an offloaded byte costs what the device computes while it crosses twice
-    cost = np.zeros(nv)
-    for op in ops:
-        cost[run[op.name]] = op.flops / 1e9
-    for t in tags:
-        cost[off[t]] = 2 * tag_bytes[t] * device.flops / device.host_bandwidth / 1e9
-        cost[keep[t]] = tag_bytes[t] * 1e-15  # among equal costs, keep fewer bytes
-    result = milp(
-        cost,
-        constraints=LinearConstraint(np.array(rows), lo, hi),
-        integrality=np.ones(nv),
-        bounds=Bounds(0, 1),
-        options={"mip_rel_gap": 0.0},
-    )
-    if result.status != 0:
-        return None
-    chosen = np.round(result.x).astype(int)
-    return RematSpec(
-        save={t for t in tags if chosen[keep[t]]},
-        offload={t for t in tags if chosen[off[t]]},
-    )
+            self.constraint({producer: 1, **self.saved(value)}, 1, np.inf)  # run + keep + off >= 1
+        for op in self.ops:
+            for value in op.inputs:
+                if value == "x":
+                    continue
+                coefs = {run[graph.producer(value).name]: 1.0, run[op.name]: -1.0}
+                for index, c in self.saved(value).items():
+                    coefs[index] = coefs.get(index, 0) + c
+                self.constraint(coefs, 0, np.inf)  # run_p + keep + off >= run_o
+
+    def add_exclusions(self, exclude: "Sequence[RematSpec]") -> None:
+        """No-good cuts: differ from each excluded spec in at least one choice."""
+        for spec in exclude:
+            coefs: dict[int, float] = {}
+            flips = 0
+            for t in self.tags:
+                for var, chosen in ((self.keep[t], t in spec.save), (self.off[t], t in spec.offload)):
+                    coefs[var] = -1.0 if chosen else 1.0
+                    flips += chosen
+            self.constraint(coefs, 1 - flips, np.inf)
+
+    def add_budget(self, workload: Workload, budget: int) -> bool:
+        """Every branch of the activation model's ``max`` within ``budget``; False when even the
+        optimizer update does not fit. Kept tags shrink the layer's working set too."""
+        base = predict(workload, RematSpec())
+        room = budget - (base.params + base.grads + base.optimizer + base.inputs)
+        if room < update_workspace(workload):
+            return False
+        n, x = workload.config.n_layers, self.graph.values["x"].nbytes
+        kept = lambda per_tag: {self.keep[t]: per_tag * self.tag_bytes[t] for t in self.tags}
+        # n*(x + K) + working - K <= room, and n*(x + K) + head <= room
+        self.constraint(kept(n - 1), -np.inf, room - n * x - layer_working_set(workload))
+        self.constraint(kept(n), -np.inf, room - n * x - head_working_set(workload))
+        return True
+
+    def solve(self, device: DevicePreset) -> RematSpec | None:
+        """The least-cost choice (GFLOP: an offloaded byte costs what the device computes while
+        it crosses twice), as a spec; None when infeasible."""
+        cost = np.zeros(self.size)
+        for op in self.ops:
+            cost[self.run[op.name]] = op.flops / 1e9
+        for t in self.tags:
+            cost[self.off[t]] = 2 * self.tag_bytes[t] * device.flops / device.host_bandwidth / 1e9
+            cost[self.keep[t]] = self.tag_bytes[t] * 1e-15  # among equal costs, keep fewer bytes
+        result = milp(
+            cost,
+            constraints=LinearConstraint(np.array(self.rows), self.lo, self.hi),
+            integrality=np.ones(self.size),
+            bounds=Bounds(0, 1),
+            options={"mip_rel_gap": 0.0},
+        )
+        if result.status != 0:
+            return None
+        chosen = np.round(result.x).astype(int)
+        return RematSpec(
+            save={t for t in self.tags if chosen[self.keep[t]]},
+            offload={t for t in self.tags if chosen[self.off[t]]},
+        )
