@@ -139,6 +139,11 @@ def test_library_errors_name_the_flag(capsys, argv, message):
             "needs an explicit checkpoint_dir= (a directory)",
             "needs an explicit --checkpoint-dir (a directory)",
         ),
+        ("mesh='data=2,data=2': axis 'data' given twice", "--mesh 'data=2,data=2': axis 'data' given twice"),
+        (
+            "the mesh's 2 devices, batch=3 and seed='x' or \"seq=1\"",
+            "the mesh's 2 devices, --batch 3 and --seed 'x' or \"seq=1\"",
+        ),
         # Left alone: bare words, attributes, other names, comparisons.
         ("use a smaller seq", "use a smaller seq"),
         ("config.max_len=9 and q.shape=(1, 2)", "config.max_len=9 and q.shape=(1, 2)"),

@@ -9,7 +9,8 @@ the flag that sets it, so the command line says ``--steps 0 must be a positive i
 Only ``name=`` is rewritten, never a bare word: a library message that wants its
 argument mapped writes it as ``name=value`` (or ``name=`` alone, as in ``needs
 checkpoint_dir=``). ``name=True`` becomes the bare flag (``--resume``), and a name
-after ``.``, ``-`` or a letter (``config.max_len=``, ``q.shape=``) is left alone.
+after ``.``, ``-`` or a letter (``config.max_len=``, ``q.shape=``) is left alone, and so
+is anything inside a quoted value (``mesh='data=2'``).
 """
 
 import re
@@ -64,11 +65,14 @@ def flag_message(message: str, flags: Mapping[str, str] = FLAGS) -> str:
     if not flags:
         return message
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
-    pattern = re.compile(rf"(?<![\w.\-])({names})=(?!=)(True\b)?(?=(.?))")
+    quoted = r"(?<!\w)'[^']*'|(?<!\w)\"[^\"]*\""  # a repr'd value, e.g. mesh='data=2': kept whole
+    pattern = re.compile(rf"(?P<quoted>{quoted})|(?<![\w.\-])(?P<name>{names})=(?!=)(?P<true>True\b)?")
 
     def flag(match: re.Match) -> str:
-        name, true, following = match.groups()
-        bare = true is not None or not following or following.isspace() or following in ",;:.)]}"
-        return flags[name] if bare else flags[name] + " "
+        if match["quoted"]:
+            return match["quoted"]
+        following = message[match.end() : match.end() + 1]
+        bare = match["true"] or not following or following.isspace() or following in ",;:.)]}"
+        return flags[match["name"]] if bare else flags[match["name"]] + " "
 
     return pattern.sub(flag, message)
