@@ -64,7 +64,10 @@ def flash_attention(inputs: AttentionInputs, *, block_sizes, implementation):
         logits_soft_cap: ``cap * tanh(logits / cap)``, applied after scale and bias.
         dropout_rate: probability of dropping an attention probability.
         dropout_rng: a ``jax.random.key``; the mask is a pure function of
-            ``(rng, b, n, t, s)`` (see ``jaxckpt.attention.dropout_mask``).
+            ``(rng, b, n, t, s)`` (see ``jaxckpt.attention.dropout_mask``). Inside
+            ``jax.shard_map`` those indices are the shard's own, so fold the shard's
+            position in (``jax.random.fold_in(rng, jax.lax.axis_index("tp"))``) for
+            masks that differ across shards.
         block_sizes: :class:`BlockSizes` for the blockwise kernel.
         implementation: None (auto: cuDNN on GPU where it applies, else
             "blockwise"), "blockwise", "reference", "xla" (jax.nn), "cudnn", or a
@@ -75,6 +78,9 @@ def flash_attention(inputs: AttentionInputs, *, block_sizes, implementation):
     Returns:
         The output, shaped and typed like ``query``; ``(out, lse)`` with
         ``return_residual``. A query row that sees no key gets 0 and zero gradients.
+
+    It runs under ``jax_enable_x64`` and inside ``jax.shard_map`` (with ``check_vma``),
+    forward and gradient, as jax.nn does.
 
     Raises:
         ValueError: bad shapes, an unknown or unavailable implementation.

@@ -54,15 +54,11 @@ class _Residuals:
     need_dbias: bool
 
 
-def _tagged_forward(tl: Tiling, q, k, v, bias, arrays, seed):
+def _tagged_forward(tl: Tiling, q, k, v, bias, arrays: MaskArrays, seed):
     out, lse = forward(tl, to_tiles(q, k, v, bias, arrays, seed, tl))
     out = checkpoint_name(tiles_to_rows(out, tl), Tag.ATTN_OUT)
     lse = checkpoint_name(lse_to_rows(lse, tl), Tag.ATTN_LSE)
     return out, lse
-
-
-def _attention(tl: Tiling, q, k, v, bias, arrays: MaskArrays, seed):
-    return _tagged_forward(tl, q, k, v, bias, arrays, seed)
 
 
 def _fwd(tl: Tiling, q, k, v, bias, arrays, seed, *, need_dbias: bool):
@@ -101,9 +97,9 @@ def _bwd(tl: Tiling, res: _Residuals, cts):
     )
 
 
-_symbolic = jax.custom_vjp(_attention, nondiff_argnums=(0,))
+_symbolic = jax.custom_vjp(_tagged_forward, nondiff_argnums=(0,))
 _symbolic.defvjp(_fwd_symbolic, _bwd, symbolic_zeros=True)
-_plain = jax.custom_vjp(_attention, nondiff_argnums=(0,))
+_plain = jax.custom_vjp(_tagged_forward, nondiff_argnums=(0,))
 _plain.defvjp(_fwd_plain, _bwd)
 
 
