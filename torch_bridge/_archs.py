@@ -145,7 +145,7 @@ ARCHITECTURES = {
     "gpt2": Architecture("gpt2", GPT2, "gpt2", hf_config=gpt2_hf_config),
     "seed-block": Architecture("seed-block", SEED_BLOCK, block=True),
 }
-"""The registry: ``--arch`` name -> ``Architecture``. A new architecture is one entry (its
+"""The registry: name (``jaxckpt convert --arch``) -> ``Architecture``. A new architecture is one entry (its
 rule table, and its config translation in ``_hf_config``)."""
 
 
