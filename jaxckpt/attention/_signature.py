@@ -72,6 +72,7 @@ def entry_point(**extra) -> Callable[[Callable], Callable]:
             return finish(out, jnp.asarray(lse), inputs.unbatched, given["return_residual"])
 
         public.__signature__ = signature
+        public.__annotations__ = {}  # the core's (inputs: AttentionInputs, ...) are not the public ones
         return public
 
     return decorate
