@@ -6,14 +6,29 @@ ever removed with ``--ignore``.
 """
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+# XLA's persistent compilation cache, shared by the xdist workers and the subprocesses the
+# tests start: many tests compile the same train step, and XLA:CPU takes seconds for each.
+# Its key is the program, the compile options and the jaxlib version, so a changed program
+# is compiled afresh. `make clean` removes it.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).parent.parent / ".pytest_cache" / "jax")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 import importlib.util
 
 import jax
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs",
+    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+)
 
 # House style: an implicit rank promotion is a bug (it hides axis mix-ups).
 jax.config.update("jax_numpy_rank_promotion", "raise")
