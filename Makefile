@@ -44,7 +44,7 @@ test test-fast: ffi
 
 bench: setup
 	$(PY) benchmarks/bench_attention.py
-	$(VENV)/bin/jaxckpt compare --config small --batch 4 --seq 1024 --steps 3
+	$(VENV)/bin/jaxckpt compare --model small --batch 4 --seq 1024 --steps 3
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_vs_torch.py
 	$(PY) benchmarks/bench_planner.py
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_convert.py
