@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from jaxckpt import nn, plan, remat, train
+from jaxckpt.cli import main
 
 CFG = nn.TransformerConfig.preset("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, ffn_dim=96)
 BATCH, SEQ, STEPS = 8, 16, 3
@@ -126,8 +127,6 @@ def test_mesh_arguments_are_checked():
 
 
 def test_cli_mesh_larger_than_the_devices_is_a_clear_error(capsys):
-    from jaxckpt.cli import main
-
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--mesh", "data=16", "--steps", "1", "--json"])
     assert exit_info.value.code == 2

@@ -5,6 +5,7 @@ import itertools
 import pytest
 
 from jaxckpt import nn, plan, remat, train
+from jaxckpt.plan._solver import _infeasible_message
 from jaxckpt.remat import RematSpec, Tag
 
 CONFIG = nn.TransformerConfig.preset("tiny", n_layers=2)
@@ -178,8 +179,6 @@ def test_solver_never_recomputes_more_than_by_cost_at_its_budget():
 def test_what_would_fit_is_predicted_for_the_workload_it_names():
     """Each hint is a workload whose full-remat prediction fits (a shorter ``seq`` is a shorter
     sequence: the hint for ``seq=64`` is not checked at another batch)."""
-    from jaxckpt.plan._solver import _infeasible_message
-
     workload, limit = plan.Workload(nn.TransformerConfig.preset("tiny"), 8, 256), 24 * 2**20
     message = _infeasible_message(workload, limit, smallest=limit + 1)
     hints = message.split("What would fit: ")[1]

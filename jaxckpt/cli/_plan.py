@@ -34,6 +34,10 @@ from jaxckpt.cli._flags import FLAGS, flag_message
 PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 """``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
 
+PLAN_FLAGS = {"mesh": "jaxckpt train --mesh"}
+"""Names whose flag is another command's here (``jaxckpt.cli._flags.FLAGS`` has the rest)."""
+
+
 _SIZE_COLUMNS = (
     ("params", "params_bytes"),
     ("grads", "grads_bytes"),
@@ -108,10 +112,6 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(run=run, flags=PLAN_FLAGS)
-
-
-PLAN_FLAGS = {"mesh": "jaxckpt train --mesh"}
-"""Names whose flag is another command's here (``jaxckpt.cli._flags.FLAGS`` has the rest)."""
 
 
 def run(args: argparse.Namespace) -> int:
