@@ -141,7 +141,8 @@ def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, s
     else:  # activations split over the batch, as the tokens are
         with activation_sharding(mesh, ACTIVATION_RULES):
             loss, grads = loss_and_grads(model_def, params, rest, batch, spec)
-    optimizer.update(model, grads)
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes float and int32 (decay**count)
+        optimizer.update(model, grads)
     return nnx.state((model, optimizer)), loss
 
 
