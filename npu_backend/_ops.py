@@ -18,6 +18,12 @@ class FusionOps:
         backward: a function with ``torch_npu.npu_fusion_attention_grad``'s signature.
         manual_seed: seeds the generator the forward draws its dropout seed from.
         device: where the tensors go before the call (``"npu"`` or ``"cpu"``).
+
+    Example:
+        >>> import npu_backend
+        >>> ops = npu_backend.reference_ops()
+        >>> isinstance(ops, npu_backend.FusionOps), ops.name, ops.device
+        (True, 'reference', 'cpu')
     """
 
     name: str

@@ -48,7 +48,18 @@ class MaskArrays(NamedTuple):
 
 
 class AttentionInputs(NamedTuple):
-    """Canonical inputs: rank-4 q/k/v, bias and mask, plus static config."""
+    """Canonical inputs: rank-4 q/k/v, bias and mask, plus static config.
+
+    What :func:`normalize` returns and every registered implementation receives.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.attention import normalize
+        >>> q = jnp.ones((2, 5, 6, 8))
+        >>> p = normalize(q, q[:, :, :3], q[:, :, :3], mask=jnp.ones((5, 5), bool))
+        >>> p.key.shape, p.arrays.mask.shape, round(p.static.scale, 4)
+        ((2, 5, 3, 8), (1, 1, 5, 5), 0.3536)
+    """
 
     query: jax.Array
     key: jax.Array
