@@ -23,7 +23,15 @@ from jaxckpt.train._step import OptimizerConfig, Trainer
 
 @dataclasses.dataclass(frozen=True)
 class TrainRun:
-    """What ``train`` did: one record per step run, and the step's memory analysis."""
+    """What ``train`` did: one record per step run, and the step's memory analysis.
+
+    Example:
+        >>> from jaxckpt import nn, train
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
+        >>> run = train.train(cfg, steps=1, batch=2, seq=16, progress=False)
+        >>> sorted(run.to_dict()), run.plan is None
+        (['memory', 'plan', 'steps', 'temp_bytes'], True)
+    """
 
     steps: list[dict]
     memory: MemoryReport

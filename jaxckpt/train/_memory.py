@@ -16,6 +16,11 @@ class MemoryReport:
     For a train step, ``params``, ``optimizer`` and ``grads`` split the figures by
     tree size (the first two are arguments, the gradients live in ``temp``);
     ``jaxckpt.plan.measure`` fills them, otherwise they are None.
+
+    Example:
+        >>> report = MemoryReport(argument=40, output=8, temp=24, alias=8, host_temp=0)
+        >>> report.peak, report.activations  # no train-step split: activations unknown
+        (64, None)
     """
 
     argument: int
