@@ -24,20 +24,27 @@ def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
         # XLA:CPU has no F16_F16_F32 dot algorithm, which jax.nn requests for float16
         # and which its gradient fails on; compute in float32 and round the output.
         q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    out, lse = jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        p.bias,
-        a.mask if a.q_segments is None else vis,
-        scale=st.scale,
-        is_causal=st.mask.is_causal,
-        query_seq_lengths=a.q_lengths,
-        key_value_seq_lengths=a.kv_lengths,
-        local_window_size=st.mask.window,
-        implementation=implementation,
-        return_residual=True,
-    )
+    # jax.nn computes its logits in float32 (float64 for float64 inputs) and adds the bias to
+    # them: cast the bias to that dtype here (exact), so that its gradient needs no implicit
+    # promotion either. jax.nn's forward calls jnp.promote_types(bf16, f32) itself, which
+    # strict promotion refuses, hence the context.
+    logits_dtype = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    bias = None if p.bias is None else p.bias.astype(logits_dtype)
+    with jax.numpy_dtype_promotion("standard"):
+        out, lse = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            bias,
+            a.mask if a.q_segments is None else vis,
+            scale=st.scale,
+            is_causal=st.mask.is_causal,
+            query_seq_lengths=a.q_lengths,
+            key_value_seq_lengths=a.kv_lengths,
+            local_window_size=st.mask.window,
+            implementation=implementation,
+            return_residual=True,
+        )
     seen = vis.any(-1)  # [B|1, N|1, T]
     out = jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, 0).astype(p.query.dtype)
     lse = jnp.where(seen, jnp.swapaxes(lse, 1, 2).astype(jnp.float32), -jnp.inf)

@@ -93,10 +93,10 @@ def classify_tiles(cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int) -> tup
         ``(any, all)``, bool ``[nq, nk]`` with ``nq = ceil(T / bq)``, ``nk = ceil(S / bk)``.
     """
     nq, nk = -(-cfg.t // bq), -(-cfg.s // bk)
-    q_lo = (jnp.arange(nq) * bq)[:, None]
+    q_lo = (jnp.arange(nq, dtype=jnp.int32) * bq)[:, None]
     q_end = q_lo + bq - 1  # last row of the tile, padding included
     q_hi = jnp.minimum(q_end, cfg.t - 1)
-    k_lo = (jnp.arange(nk) * bk)[None, :]
+    k_lo = (jnp.arange(nk, dtype=jnp.int32) * bk)[None, :]
     k_end = k_lo + bk - 1
     k_hi = jnp.minimum(k_end, cfg.s - 1)
     some = jnp.ones((nq, nk), bool)

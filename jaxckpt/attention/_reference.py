@@ -28,8 +28,8 @@ def full_mask(p: AttentionInputs) -> jax.Array:
         [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     """
     cfg, a = p.static.mask, p.arrays
-    q_idx = jnp.arange(cfg.t)[None, None, :, None]
-    k_idx = jnp.arange(cfg.s)[None, None, None, :]
+    q_idx = jnp.arange(cfg.t, dtype=jnp.int32)[None, None, :, None]
+    k_idx = jnp.arange(cfg.s, dtype=jnp.int32)[None, None, None, :]
     as_b = lambda x: None if x is None else x[:, None, None, None]
     return visible(
         cfg,
