@@ -30,12 +30,8 @@ jax.config.update(
     float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
 )
 
-# House style: an implicit rank promotion is a bug (it hides axis mix-ups), and so is an
-# implicit dtype promotion (bf16 + f32 silently computing in f32). The library runs the
-# third-party code that needs standard promotion (optax's update, jax.nn's attention)
-# under `jax.numpy_dtype_promotion("standard")`.
+# House style: an implicit rank promotion is a bug (it hides axis mix-ups).
 jax.config.update("jax_numpy_rank_promotion", "raise")
-jax.config.update("jax_numpy_dtype_promotion", "strict")
 # Eight CPU devices in every test process, so that sharded tests (FSDP, shard_map) run
 # here instead of in a subprocess; unsharded code runs on the first one.
 jax.config.update("jax_num_cpu_devices", 8)
@@ -60,6 +56,17 @@ settings.register_profile(
     phases=tuple(Phase),
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "jaxckpt"))
+
+
+@pytest.fixture(autouse=True)
+def strict_dtype_promotion():
+    """An implicit dtype promotion (bf16 + f32 silently computing in f32) is a bug too: every
+    test in tests/ runs under strict promotion. The library runs the third-party code that
+    needs standard promotion (optax's update, jax.nn's attention) under
+    ``jax.numpy_dtype_promotion("standard")``. Doctests, which are user examples, run with
+    JAX's defaults."""
+    with jax.numpy_dtype_promotion("strict"):
+        yield
 
 
 def _torch_missing() -> str | None:

@@ -1,0 +1,34 @@
+"""The suite's own strictness is on: what conftest.py and pyproject.toml promise, checked."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxckpt._warnings import JaxckptWarning
+
+
+def test_a_jaxckpt_warning_fails_a_test():
+    with pytest.raises(JaxckptWarning, match="unknown field"):
+        warnings.warn("unknown field", JaxckptWarning, stacklevel=1)
+
+
+def test_other_warnings_stay_warnings():
+    with pytest.warns(DeprecationWarning):
+        warnings.warn("someone else's", DeprecationWarning, stacklevel=1)
+
+
+def test_implicit_dtype_promotion_raises():
+    with pytest.raises(jax.dtypes.TypePromotionError, match="strict"):
+        jnp.ones(3, jnp.bfloat16) + jnp.ones(3, jnp.float32)
+    assert (jnp.ones(3, jnp.bfloat16) * 2).dtype == jnp.bfloat16  # weak Python scalars are fine
+
+
+def test_implicit_rank_promotion_raises():
+    with pytest.raises(ValueError, match="rank promotion"):
+        jnp.ones((2, 3)) + jnp.ones(3)
+
+
+def test_eight_cpu_devices_for_the_sharded_tests():
+    assert len(jax.devices()) == 8
