@@ -26,7 +26,7 @@ def test_implicit_dtype_promotion_raises():
 
 
 def test_implicit_rank_promotion_raises():
-    with pytest.raises(ValueError, match="rank promotion"):
+    with pytest.raises(ValueError, match="jax_numpy_rank_promotion"):
         jnp.ones((2, 3)) + jnp.ones(3)
 
 
