@@ -15,13 +15,30 @@ q, k, v (after RoPE), the output and the log-sum-exp.
 import dataclasses
 import functools
 
-from jaxckpt.attention import BlockSizes
+from jaxckpt.attention import BlockSizes, implementations
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import Tag
 
-MATERIALIZED_ATTENTION = frozenset({"reference", "xla"})
-"""Attention implementations that build the T x S scores (the others are blockwise)."""
+
+def materializes_scores(attention: str | None) -> bool:
+    """Whether the ``flash_attention`` implementation ``attention`` builds the T x S scores
+    (its registration's ``materializes_scores``; None, the automatic choice, is blockwise
+    or cuDNN, which do not).
+
+    Raises:
+        ValueError: for a name no implementation is registered under.
+
+    Example:
+        >>> materializes_scores("xla"), materializes_scores("blockwise"), materializes_scores(None)
+        (True, False, False)
+    """
+    if attention is None:
+        return False
+    registered = implementations()
+    if attention not in registered:
+        raise ValueError(f"config.attention={attention!r} is not registered; known: {sorted(registered)}")
+    return registered[attention].materializes_scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +181,7 @@ def _layer_graph(cfg: TransformerConfig, batch: int, seq: int) -> LayerGraph:
     """``layer_graph`` at ``[batch, seq]`` (one device's batch)."""
     n = batch * seq
     e = cfg.compute_dtype.itemsize
-    flash = cfg.attention not in MATERIALIZED_ATTENTION
+    flash = not materializes_scores(cfg.attention)
     d, f = cfg.d_model, cfg.ffn_dim
     nh, kh = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     values = [
