@@ -13,8 +13,11 @@ def add_parser(sub) -> None:
     """Registers ``train`` on the subcommand parser ``sub``."""
     p = sub.add_parser("train", help="train a model on a text file (default: the built-in corpus)")
     p.add_argument(
+        "--model",
         "--config",
-        help=f"model preset ({', '.join(nn.PRESETS)}); default: tiny, or the --init-from model",
+        dest="model",
+        help=f"model preset ({', '.join(nn.PRESETS)}); default: tiny, or the --init-from model "
+        "(--config is an alias)",
     )
     p.add_argument(
         "--remat",
@@ -70,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
         ("budget", args.budget),
     )
     overrides = {k: v for k, v in given if v is not None}
-    if args.init_from is not None and args.config is None:
-        config = train.source_config(args.init_from).replace(**overrides)
+    if args.init_from is not None and args.model is None:
+        config = train.source_config(args.init_from, name="init_from").replace(**overrides)
     else:
-        config = nn.TransformerConfig.preset(args.config or "tiny", **overrides)
+        config = nn.TransformerConfig.preset(args.model or "tiny", **overrides)
     sizes = dict(batch=args.batch, seq=args.seq, micro_batches=args.micro_batches)
     # remat="auto": the planner picks the spec first (train never plans)
     config, memory_plan = plan.resolve_auto(config, **sizes, mesh=args.mesh)

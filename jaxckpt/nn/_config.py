@@ -44,9 +44,10 @@ class TransformerConfig:
             seed article's block).
         dtype: compute dtype. param_dtype: storage dtype of the parameters.
         attention: ``flash_attention`` implementation (None = automatic).
-        remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``: the
-            planner picks the spec of least recompute that fits ``budget`` when training
-            starts (it needs the batch and sequence length).
+        remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``:
+            ``jaxckpt.plan.resolve_auto`` picks the spec of least recompute that fits
+            ``budget`` before training (it needs the batch and sequence length);
+            ``train.train`` refuses an unresolved ``"auto"``.
         budget: device memory for ``remat="auto"``: bytes, or text such as ``"30GiB"``.
 
     Example:

@@ -11,8 +11,7 @@ from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._solver import MemoryPlan, plan_memory
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import AUTO
-from jaxckpt.train import make_mesh
-from jaxckpt.train._distributed import default_mesh_axes
+from jaxckpt.train import default_mesh_axes, make_mesh
 
 
 def resolve_auto(

@@ -16,9 +16,7 @@ from flax import nnx
 from jaxckpt.plan._state import abstract_train_state, sharded_bytes
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec
-from jaxckpt.train import MemoryReport, make_mesh, memory_report
-from jaxckpt.train._sharding import state_shardings
-from jaxckpt.train._step import jit_train_step
+from jaxckpt.train import MemoryReport, jit_train_step, make_mesh, memory_report, state_shardings
 
 
 @functools.lru_cache(maxsize=128)

@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh
 
 from jaxckpt.nn import Transformer, TransformerConfig
 from jaxckpt.plan._workload import OPTIMIZERS, Workload
-from jaxckpt.train._sharding import state_shardings
+from jaxckpt.train import state_shardings
 
 
 def tree_bytes(tree) -> int:

@@ -13,7 +13,7 @@ Example:
 from jaxckpt._tags import Tag
 from jaxckpt.remat._describe import RematReport, Residual, describe
 from jaxckpt.remat._presets import AUTO, PRESETS, get
-from jaxckpt.remat._spec import RematSpec, has_pinned_host, require_pinned_host
+from jaxckpt.remat._spec import RematSpec, has_pinned_host
 
 __all__ = [
     "AUTO",
@@ -25,5 +25,4 @@ __all__ = [
     "describe",
     "get",
     "has_pinned_host",
-    "require_pinned_host",
 ]

@@ -123,7 +123,7 @@ def require_pinned_host() -> None:
     Example:
         >>> from jaxckpt import remat
         >>> if remat.has_pinned_host():
-        ...     remat.require_pinned_host()  # returns None: offload presets work here
+        ...     require_pinned_host()  # returns None: offload presets work here
     """
     if not has_pinned_host():
         device = jax.devices()[0]

@@ -17,7 +17,7 @@ from jaxckpt.remat import get as get_remat
 from jaxckpt.remat import has_pinned_host
 from jaxckpt.train._data import ByteBatches, load_tokens
 from jaxckpt.train._memory import memory_report
-from jaxckpt.train._step import Trainer, loss_and_grads
+from jaxckpt.train._step import Trainer, check_seq, loss_and_grads
 
 ATTENTION = {"reference": "reference", "flash": "blockwise"}
 """Row label -> ``flash_attention`` implementation. ``reference`` materialises T x S."""
@@ -117,8 +117,7 @@ def compare(
         [('reference', 'none'), ('flash', 'full')]
     """
     require_positive_int("steps", steps)
-    if seq > config.max_len:
-        raise ValueError(f"seq={seq} exceeds the model's config.max_len={config.max_len}; use a shorter seq")
+    check_seq(config, seq)
     pairs = [BASELINE] + [r for r in (rows or default_rows()) if tuple(r) != BASELINE]
     for attention, remat in pairs:
         if attention not in ATTENTION:

@@ -18,7 +18,7 @@ from jaxckpt.train._init import initial_model
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._progress import memory_text, train_progress
 from jaxckpt.train._sharding import make_mesh
-from jaxckpt.train._step import OptimizerConfig, Trainer
+from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,11 +163,12 @@ def train(
         [0, 1]
     """
     require_positive_int("steps", steps)
+    check_seq(config, seq)
     _check_remat(config, plan)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir=")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
-    batches = ByteBatches(load_tokens(data), batch, seq, seed=seed, micro_batches=micro_batches)
+    batches = ByteBatches(load_tokens(data, name="data"), batch, seq, seed=seed, micro_batches=micro_batches)
     if mesh is None:
         mesh = default_mesh_axes()
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):

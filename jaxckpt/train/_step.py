@@ -175,6 +175,20 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
     )
 
 
+def check_seq(config, seq: int) -> None:
+    """Raises a ValueError naming ``seq`` when it exceeds ``config.max_len``.
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> check_seq(nn.TransformerConfig.preset("tiny", max_len=64), 100)
+        Traceback (most recent call last):
+        ...
+        ValueError: seq=100 exceeds the model's config.max_len=64; use a shorter seq
+    """
+    if seq > config.max_len:
+        raise ValueError(f"seq={seq} exceeds the model's config.max_len={config.max_len}; use a shorter seq")
+
+
 def check_batch(batch: jax.Array) -> None:
     """Raises a ValueError unless ``batch`` is integer ``[M, B, T + 1]``.
 
