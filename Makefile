@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` (the main job) and `make test` (the whole suite).
-# `make test-fast` is the edit loop: no `slow` tests, no notebooks (under 3 minutes on 2 cores).
+# `make test-fast` is the edit loop: no `slow` tests (the notebooks are slow), no doctests.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
@@ -26,13 +26,14 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --doctest-modules tests jaxckpt torch_bridge npu_backend
+PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2
 
 test: lint
-	$(PYTEST)
+	$(PYTEST) --doctest-modules tests jaxckpt torch_bridge npu_backend
 
+# No doctests either: they are examples, and make test runs every one.
 test-fast: lint
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "not slow" tests
 
 # The XLA FFI attention library of npu_backend (npu_backend/ffi/build/). Rebuilds only when
 # its sources change; with no C++ compiler it says so and exits 0 (the FFI tests then skip).

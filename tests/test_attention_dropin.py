@@ -39,8 +39,19 @@ def _skip_unsupported(impl: str, inp) -> None:
 X64_FEATURES = [("mask",), ("bias",), ("bias", "mask", "causal", "lengths", "segments", "window")]
 
 
-@pytest.mark.parametrize("features", X64_FEATURES, ids=["+".join(f) for f in X64_FEATURES])
-@pytest.mark.parametrize("impl", IMPLS)
+X64_CASES = [
+    pytest.param(
+        impl,
+        features,
+        id=f"{impl}-{'+'.join(features)}",
+        marks=[] if impl == "blockwise" and len(features) == 1 else [pytest.mark.slow],
+    )
+    for impl in IMPLS
+    for features in X64_FEATURES
+]
+
+
+@pytest.mark.parametrize(("impl", "features"), X64_CASES)
 def test_float32_under_x64_with_mask_or_bias(impl, features):
     case = Case(b=2, t=9, s=13, n=6, k=3, h=16, features=features, block=(4, 8), variant=1, seed=3)
     inp = build(case)
@@ -65,6 +76,7 @@ def test_the_issue_reproducer_under_x64():
     np.testing.assert_allclose(out, 1.0, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_dropout_under_x64_draws_the_same_mask():
     case = Case(b=1, t=11, s=7, n=3, k=1, h=16, features=("dropout", "bias"), block=(4, 4), seed=5)
     inp = build(case)
@@ -108,7 +120,12 @@ def _compare(sharded, unsharded, args, argnums, w, jit: bool):
 
 
 SHARD_MAP_CASES = [
-    pytest.param(impl, jit, id=f"{impl}-{'jit' if jit else 'eager'}")
+    pytest.param(
+        impl,
+        jit,
+        id=f"{impl}-{'jit' if jit else 'eager'}",
+        marks=[] if (impl, jit) == ("blockwise", True) else [pytest.mark.slow],  # the issue's case is fast
+    )
     for impl in ("blockwise", "reference", "xla")
     for jit in (False, True)
     if impl in IMPLS and (jit or impl == "blockwise")  # eager shard_map is slow: the kernel only
@@ -124,6 +141,7 @@ def test_causal_inside_shard_map(impl, jit):
     _compare(_sharded(attend, (SPEC,) * 3), attend, (q, k, v), (0, 1, 2), w, jit)
 
 
+@pytest.mark.slow
 def test_every_mask_feature_inside_shard_map():
     """GQA, odd sizes, small blocks, and a bias, a mask, lengths, segment ids and a window,
     each sharded with the batch (and the bias with the heads too)."""
@@ -147,6 +165,7 @@ def test_every_mask_feature_inside_shard_map():
     _compare(_sharded(attend, specs), attend, args, (0, 1, 2, 3), w, jit=True)
 
 
+@pytest.mark.slow
 def test_dropout_runs_inside_shard_map():
     """Dropout runs there too. Its mask is a function of the shard's *local* (b, n, t, s)
     indices, so it equals the unsharded mask only where those are the global ones: with

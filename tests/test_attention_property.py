@@ -10,6 +10,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from attention_cases import FEATURES, Case, build, evaluate, seen_rows
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -40,6 +41,7 @@ def cases(draw) -> Case:
 BF16_TAIL = Case(b=1, t=51, s=39, n=6, k=3, h=8, dtype="bfloat16", features=FEATURES, block=None)
 
 
+@pytest.mark.slow
 @given(case=cases())
 @example(case=dataclasses.replace(BF16_TAIL, variant=1, seed=266))
 def test_blockwise_matches_reference(case):

@@ -112,6 +112,7 @@ def test_saving_the_tags_saves_exactly_the_forward_flops():
     assert step["nothing"] == step["no_checkpoint"] + forward, (step, forward)
 
 
+@pytest.mark.slow
 def test_gradients_are_the_same_under_every_policy():
     grads = {name: jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(*_args()) for name, fn in _variants().items()}
     for name in POLICIES:

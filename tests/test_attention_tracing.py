@@ -39,6 +39,7 @@ def test_jit_matches_eager():
     assert_close(jitted, want, jnp.float32, "fwd", "jit vs reference")
 
 
+@pytest.mark.slow
 def test_grad_and_jit_grad_match_reference():
     inp = build(CASE)
     loss = lambda fn: lambda q, k, v, b: jnp.sum(fn(q, k, v, b) * inp.w)
@@ -60,6 +61,7 @@ def _stacked_inputs(v_axis: int = 3):
     return q, k, v
 
 
+@pytest.mark.slow
 def test_vmap_over_an_extra_leading_axis():
     q, k, v = _stacked_inputs()
     bias = build(CASE).arrays["bias"]  # shared by every slice: in_axes None
@@ -77,6 +79,7 @@ def test_vmap_over_an_extra_leading_axis():
             assert_close(g[i], r, jnp.float32, "grad", f"vmap(grad) {name} slice {i}")
 
 
+@pytest.mark.slow
 def test_vmap_over_per_example_lengths_and_masks():
     q, k, v = _stacked_inputs()
     c, rng = CASE, np.random.default_rng(3)

@@ -83,7 +83,9 @@ def _compare(inp: Inputs, seen: np.ndarray, dtype) -> None:
         assert_close(got.grads[name], grad, dtype, "grad", name)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[] if i % 3 == 0 else [pytest.mark.slow]) for i, n in enumerate(CASES)]
+)  # every third case in the fast tier, all in the full one
 def test_blockwise_matches_jax_nn(name):
     case, static, arrays = CASES[name]
     inp, seen = _inputs(case, static, arrays)

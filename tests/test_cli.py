@@ -73,6 +73,7 @@ def test_compare_table_renders():
     assert table({"config": config, "rows": [row]}).row_count == 1
 
 
+@pytest.mark.slow
 def test_train_json_schema(capsys, tmp_path):
     argv = ["train", "--layers", "1", "--batch", "2", "--seq", "16", "--steps", "2", "--json"]
     assert main([*argv, "--checkpoint-dir", str(tmp_path / "c")]) == 0

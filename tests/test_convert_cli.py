@@ -28,6 +28,7 @@ def _fails(capsys, *argv) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_convert_to_jax_train_and_back_to_torch(tmp_path, capsys):
     torch_model = tm.tiny_gpt2()
     torch_model.save_pretrained(tmp_path / "hf", max_shard_size="8KB")

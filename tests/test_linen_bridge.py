@@ -101,6 +101,7 @@ def test_linen_params_drive_the_nnx_model(lm, variables):
     np.testing.assert_array_equal(nnx_logits(model, TOKENS), jax.jit(lm.apply)(variables, TOKENS))
 
 
+@pytest.mark.slow
 def test_nnx_model_served_to_linen(lm):
     """A (trained) NNX model's weights, served through the Linen interface."""
     model = nnx.jit(lambda: Transformer(CFG, rngs=nnx.Rngs(0)))()
@@ -108,6 +109,7 @@ def test_nnx_model_served_to_linen(lm):
     np.testing.assert_array_equal(jax.jit(lm.apply)({"params": params}, TOKENS), nnx_logits(model, TOKENS))
 
 
+@pytest.mark.slow
 def test_gradients_match_nnx(lm, variables):
     grads = jax.jit(jax.grad(lambda p: loss(lm.apply({"params": p}, TOKENS), TOKENS)))(variables["params"])
     leaves = jax.tree.leaves(grads)

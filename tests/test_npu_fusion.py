@@ -107,6 +107,7 @@ def _dropout(impl: str, rng, rate=0.3, x=None):
     return inp, loss(q, inp.k, inp.v), jax.grad(loss, argnums=(0, 1, 2))(q, inp.k, inp.v), loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_dropout_is_seeded_and_its_gradient_is_consistent(impl):
     """The kernel's own dropout mask (not jaxckpt's): a function of dropout_rng, the same

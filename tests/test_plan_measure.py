@@ -13,7 +13,10 @@ CONFIG = nn.TransformerConfig.preset(
 )
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "save_attn"])
+@pytest.mark.parametrize(
+    "remat",
+    [pytest.param("none", marks=pytest.mark.slow), "full", pytest.param("save_attn", marks=pytest.mark.slow)],
+)
 def test_measure_matches_the_compiled_trainer(remat):
     report = plan.measure(plan.Workload(CONFIG, batch=3, seq=17), remat=remat)
     trainer = train.Trainer(nn.Transformer(CONFIG, rngs=nnx.Rngs(0)), remat=remat)
@@ -32,6 +35,7 @@ def test_measure_matches_the_compiled_trainer(remat):
     assert report.peak == report.argument + report.output + report.temp - report.alias
 
 
+@pytest.mark.slow
 def test_optimizer_state_sizes():
     sizes = {
         name: plan.measure(plan.Workload(CONFIG, batch=1, seq=8, optimizer=name), remat="full").optimizer
@@ -40,6 +44,7 @@ def test_optimizer_state_sizes():
     assert sizes["sgd"] < sizes["adafactor"] < sizes["adamw"]
 
 
+@pytest.mark.slow
 def test_llama2_7b_is_measured_without_allocating():
     config = nn.TransformerConfig.preset("llama2-7b", n_layers=2)  # the full 32 layers compile alike
     report = plan.measure(plan.Workload(config, batch=1, seq=128), remat="full")

@@ -49,6 +49,7 @@ def test_excluded_specs_give_the_next_cheapest():
     assert costs[0] <= costs[1]
 
 
+@pytest.mark.slow
 def test_plan_memory_is_the_cheapest_spec_that_measures_within_the_budget():
     """A spec predicted slightly over the budget but measured within it is found."""
     spec = remat.PRESETS["minimal"]

@@ -101,6 +101,7 @@ def test_seed_block_matches_exact_attention(tmp_path):
         assert torch.equal(back[key], value), key
 
 
+@pytest.mark.slow
 def test_fine_tune_a_converted_model_with_remat(tmp_path):
     tm.tiny_llama().save_pretrained(tmp_path / "src")
     config = train.source_config(tmp_path / "src").replace(remat="save_attn")

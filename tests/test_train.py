@@ -17,6 +17,7 @@ def _tokens(shape, seed=1):
     return jax.random.randint(jax.random.key(seed), shape, 0, SMALL.vocab_size)
 
 
+@pytest.mark.slow
 def test_loss_falls_over_50_steps_on_the_built_in_corpus():
     cfg = nn.TransformerConfig.preset("tiny", n_layers=2)
     run = train.train(cfg, steps=50, batch=8, seq=64, progress=False)
@@ -26,6 +27,7 @@ def test_loss_falls_over_50_steps_on_the_built_in_corpus():
     assert np.mean(losses[-5:]) < losses[0] - 1.5, losses
 
 
+@pytest.mark.slow
 def test_micro_batches_average_the_gradients():
     model = nn.Transformer(SMALL, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -38,6 +40,7 @@ def test_micro_batches_average_the_gradients():
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_mixed_precision_keeps_fp32_params():
     cfg = SMALL.replace(dtype="bfloat16", param_dtype="float32")
     trainer = train.Trainer(nn.Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -64,6 +67,7 @@ def test_bad_batch_is_rejected():
         trainer.step(_tokens((1, 1, SMALL.max_len + 2)))
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_next_step_loss(tmp_path):
     kwargs = dict(steps=4, batch=3, seq=11, seed=5, progress=False)
     straight = train.train(SMALL, **kwargs)
@@ -77,6 +81,7 @@ def test_resume_gives_the_same_next_step_loss(tmp_path):
     assert train.latest_step(ckpt) == 4
 
 
+@pytest.mark.slow
 def test_checkpoints_are_not_overwritten_without_force(tmp_path):
     kwargs = dict(steps=1, batch=2, seq=7, progress=False, checkpoint_dir=tmp_path / "c")
     train.train(SMALL, **kwargs)
@@ -99,6 +104,7 @@ def test_checkpoints_are_not_overwritten_without_force(tmp_path):
     assert [s["step"] for s in resumed.steps] == [1]  # remat may change: it does not change the numbers
 
 
+@pytest.mark.slow
 def test_init_from_takes_the_parameters(tmp_path):
     kwargs = dict(batch=2, seq=7, progress=False)
     first = train.train(SMALL, steps=2, **kwargs, checkpoint_dir=tmp_path / "c")
