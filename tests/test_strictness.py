@@ -1,5 +1,6 @@
 """The suite's own strictness is on: what conftest.py and pyproject.toml promise, checked."""
 
+import os
 import warnings
 
 import jax
@@ -32,3 +33,7 @@ def test_implicit_rank_promotion_raises():
 
 def test_eight_cpu_devices_for_the_sharded_tests():
     assert len(jax.devices()) == 8
+
+
+def test_tests_compile_at_backend_optimisation_level_0():
+    assert "--xla_backend_optimization_level=0" in os.environ["XLA_FLAGS"]
