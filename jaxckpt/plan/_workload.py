@@ -16,6 +16,7 @@ from types import MappingProxyType
 import jax
 import optax
 
+from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import OptimizerConfig, parse_mesh
 
@@ -39,11 +40,6 @@ def require_workload(workload, where: str) -> None:
             f"{where}: workload must be a plan.Workload, got {type(workload).__name__} "
             "(e.g. plan.Workload(config, batch=8, seq=512))"
         )
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Workload: {name}={value!r} must be a positive int")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +80,7 @@ class Workload:
         if not isinstance(self.config, TransformerConfig):
             raise TypeError(f"Workload: config must be a TransformerConfig, got {type(self.config).__name__}")
         for name in ("batch", "seq", "micro_batches", "devices"):
-            _positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name), "Workload: ")
         if self.optimizer not in OPTIMIZERS:
             valid = ", ".join(OPTIMIZERS)
             raise ValueError(f"Workload: optimizer={self.optimizer!r} is unknown; valid: {valid}")
