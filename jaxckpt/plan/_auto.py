@@ -5,13 +5,11 @@
 the resolved config and hands the plan along (``train.train(config, plan=...)``).
 """
 
-import jax
-
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._solver import MemoryPlan, plan_memory
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import AUTO
-from jaxckpt.train import default_mesh_axes, make_mesh
+from jaxckpt.train import resolve_mesh
 
 
 def resolve_auto(
@@ -48,10 +46,7 @@ def resolve_auto(
     """
     if config.remat != AUTO:
         return config, None
-    if mesh is None:
-        mesh = default_mesh_axes()
-    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-        mesh = make_mesh(mesh)  # the error for too few devices, as train.train gives it
+    mesh = resolve_mesh(mesh)  # as train.train resolves it (the same error for too few devices)
     workload = Workload.on_mesh(config, batch, seq, mesh, micro_batches=micro_batches)
     memory_plan = plan_memory(workload, config.budget)
     return config.replace(remat=memory_plan.spec), memory_plan

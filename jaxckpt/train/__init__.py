@@ -13,7 +13,7 @@ Example:
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._compare import compare, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
-from jaxckpt.train._distributed import default_mesh_axes, initialize, is_primary
+from jaxckpt.train._distributed import initialize, is_primary, resolve_mesh
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config
 from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._memory import MemoryReport, memory_report
@@ -40,7 +40,6 @@ __all__ = [
     "compare",
     "decode",
     "default_corpus_path",
-    "default_mesh_axes",
     "encode",
     "initial_model",
     "initialize",
@@ -56,6 +55,7 @@ __all__ = [
     "offload_saves_memory",
     "parse_mesh",
     "read_meta",
+    "resolve_mesh",
     "restore_checkpoint",
     "save_checkpoint",
     "source_config",

@@ -11,6 +11,8 @@ the step), and places only its own shards of them (``put_global``).
 import jax
 import numpy as np
 
+from jaxckpt.train._sharding import make_mesh
+
 _PORTS = range(1, 65536)
 
 
@@ -100,6 +102,25 @@ def default_mesh_axes() -> dict[str, int] | None:
     if jax.process_count() == 1:
         return None
     return {"data": jax.process_count(), "fsdp": jax.local_device_count()}
+
+
+def resolve_mesh(mesh) -> "jax.sharding.Mesh | None":
+    """The mesh a run uses, from what ``train.train(mesh=...)`` takes: None gives
+    :func:`default_mesh_axes` (no mesh for one process), axis sizes (``"fsdp=4"``,
+    ``{"fsdp": 4}``) are built into a mesh over every device, and a ``Mesh`` is kept.
+
+    Raises:
+        ValueError: (from ``make_mesh``) for sizes the devices do not match.
+
+    Example:
+        >>> resolve_mesh(None) is None  # one process, no mesh named
+        True
+    """
+    if mesh is None:
+        mesh = default_mesh_axes()
+    if mesh is None or isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    return make_mesh(mesh)
 
 
 def put_global(tree, shardings):

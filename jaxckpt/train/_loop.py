@@ -13,11 +13,10 @@ from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._data import ByteBatches, load_tokens
-from jaxckpt.train._distributed import default_mesh_axes, is_primary
+from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._init import initial_model
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._progress import memory_text, train_progress
-from jaxckpt.train._sharding import make_mesh
 from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
 
 
@@ -169,10 +168,7 @@ def train(
         raise ValueError("resume=True needs checkpoint_dir=")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     batches = ByteBatches(load_tokens(data, name="data"), batch, seq, seed=seed, micro_batches=micro_batches)
-    if mesh is None:
-        mesh = default_mesh_axes()
-    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-        mesh = make_mesh(mesh)
+    mesh = resolve_mesh(mesh)
     trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(batches.batch_at(0).shape))
