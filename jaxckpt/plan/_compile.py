@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt.plan._state import abstract_train_state, sharded_bytes
+from jaxckpt.plan._state import abstract_train_state, state_bytes
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.train import MemoryReport, jit_train_step, make_mesh, memory_report, state_shardings
@@ -39,10 +39,10 @@ def compile_report(workload: Workload, spec: RematSpec) -> MemoryReport:
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
         )
         step = jit_train_step(graphdef, spec, shardings, mesh)
-    params = sharded_bytes(nnx.state(model, nnx.Param), devices)
+    params, optimizer = state_bytes(workload)
     return dataclasses.replace(
         memory_report(step.lower(state, tokens).compile(), device_stats=False),
         params=params,
-        optimizer=sharded_bytes(nnx.state(opt), devices),
+        optimizer=optimizer,
         grads=params,
     )
