@@ -7,22 +7,32 @@ import jax.numpy as jnp
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt._sizes import parse_size
+from jaxckpt.nn._choices import LAYER_KINDS, Activation, LayerKind, Norm, Positions
+from jaxckpt.nn._presets import PRESET_FIELDS
+from jaxckpt.nn._rope_scaling import RopeScaling
 from jaxckpt.remat import AUTO, RematSpec
 from jaxckpt.remat import get as get_remat
 
 FAMILY_DEFAULTS = MappingProxyType(
     {
-        "llama": {"norm": "rms", "activation": "swiglu", "positions": "rope"},
-        "gpt2": {"norm": "layer", "activation": "gelu_tanh", "positions": "learned"},
+        "llama": {"norm": Norm.RMS, "activation": Activation.SWIGLU, "positions": Positions.ROPE},
+        "gpt2": {"norm": Norm.LAYER, "activation": Activation.GELU_TANH, "positions": Positions.LEARNED},
+        "qwen2": {"norm": Norm.RMS, "activation": Activation.SWIGLU, "positions": Positions.ROPE},
+        "qwen3": {"norm": Norm.RMS, "activation": Activation.SWIGLU, "positions": Positions.ROPE},
+        "mistral": {"norm": Norm.RMS, "activation": Activation.SWIGLU, "positions": Positions.ROPE},
+        "gemma2": {"norm": Norm.GEMMA_RMS, "activation": Activation.GEGLU_TANH, "positions": Positions.ROPE},
+        "gemma3": {"norm": Norm.GEMMA_RMS, "activation": Activation.GEGLU_TANH, "positions": Positions.ROPE},
+        "phi3": {"norm": Norm.RMS, "activation": Activation.SWIGLU, "positions": Positions.ROPE},
+        "smollm3": {"norm": Norm.RMS, "activation": Activation.SWIGLU, "positions": Positions.ROPE},
     }
 )
-"""Per family, the norm, MLP activation and position scheme it uses unless overridden."""
+"""Per family (the Hugging Face layout ``torch_bridge`` reads and writes), the norm, MLP
+activation and position scheme it uses unless overridden. Everything else a family
+needs (q/k norm, soft caps, the layer pattern...) is a field of its own."""
 
-NORMS = ("rms", "layer")
-ACTIVATIONS = ("swiglu", "gelu_tanh", "gelu")
-POSITIONS = ("rope", "learned", "none")
 DTYPES = ("float32", "bfloat16", "float16")
-_DERIVED = ("n_kv_heads", "head_dim", "norm", "activation", "positions")
+_DERIVED = ("n_kv_heads", "head_dim", "norm", "activation", "positions", "attention_out_bias")
+_ENUMS = {"norm": Norm, "activation": Activation, "positions": Positions}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,15 +40,17 @@ class TransformerConfig:
     """Sizes and choices of a pre-norm decoder-only transformer.
 
     ``norm``, ``activation`` and ``positions`` default to the family's
-    (``FAMILY_DEFAULTS``); ``n_kv_heads`` defaults to ``n_heads`` and ``head_dim``
-    to ``d_model // n_heads``.
+    (``FAMILY_DEFAULTS``); ``n_kv_heads`` defaults to ``n_heads``, ``head_dim``
+    to ``d_model // n_heads`` and ``attention_out_bias`` to ``attention_bias``.
 
     Attributes:
-        family: ``"llama"`` (RMSNorm, SwiGLU, RoPE) or ``"gpt2"`` (LayerNorm, GELU-tanh,
-            learned positions).
+        family: the Hugging Face layout (``FAMILY_DEFAULTS``): ``"llama"``, ``"gpt2"``,
+            ``"qwen2"``, ``"qwen3"``, ``"mistral"``, ``"gemma2"``, ``"gemma3"``, ``"phi3"``,
+            ``"smollm3"``.
         vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, max_len: sizes.
         norm_eps: epsilon of every norm. rope_theta: RoPE base.
-        attention_bias: bias on the q, k, v and output projections. mlp_bias: on the MLP.
+        attention_bias: bias on the q, k, v (and, unless ``attention_out_bias`` says
+            otherwise, output) projections. mlp_bias: on the MLP.
         tie_embeddings: the head reuses the token embedding.
         causal: causal self-attention (a decoder); False attends to every position (the
             seed article's block).
@@ -49,12 +61,29 @@ class TransformerConfig:
             ``budget`` before training (it needs the batch and sequence length);
             ``train.train`` refuses an unresolved ``"auto"``.
         budget: device memory for ``remat="auto"``: bytes, or text such as ``"30GiB"``.
+        norm, activation, positions: ``Norm``, ``Activation``, ``Positions`` (strings accepted).
+        rope_scaling: a ``RopeScaling`` (or its dict) of the full-attention layers; None: plain RoPE.
+        rotary_fraction: the fraction of each head's dims that RoPE rotates (Phi-3's
+            ``partial_rotary_factor``); the rest passes through.
+        local_rope_theta: the RoPE base of sliding layers, unscaled (Gemma 3); None:
+            ``rope_theta`` and ``rope_scaling`` as every other layer.
+        sliding_window: the keys a sliding layer sees, itself included (Hugging Face's
+            ``sliding_window``); None: sliding layers see every key.
+        layer_pattern: ``LAYER_KINDS`` names, cycled over the stack: ``("sliding", "full")``
+            alternates (Gemma 2). The stack stays one scan over repeats of the pattern.
+        qk_norm: a norm over ``head_dim`` on each query and key head, before RoPE (Qwen3, Gemma 3).
+        post_norms: two more norms per layer, on the attention and MLP outputs before their
+            residual adds (Gemma 2 and 3).
+        embed_scale: the embeddings are multiplied by ``sqrt(d_model)`` (Gemma).
+        attention_scale: the scale of ``q.k``; None: ``head_dim ** -0.5``.
+        attention_softcap: ``cap * tanh(logits / cap)`` on the attention logits (Gemma 2).
+        logits_softcap: the same on the output logits (Gemma 2).
 
     Example:
         >>> from jaxckpt.nn import TransformerConfig
         >>> cfg = TransformerConfig.preset("tiny", n_layers=2)
         >>> cfg.n_layers, cfg.norm, cfg.head_dim
-        (2, 'rms', 32)
+        (2, <Norm.RMS: 'rms'>, 32)
     """
 
     family: str = "llama"
@@ -80,6 +109,18 @@ class TransformerConfig:
     norm: str | None = None
     activation: str | None = None
     positions: str | None = None
+    attention_out_bias: bool | None = None
+    rope_scaling: RopeScaling | dict | None = None
+    rotary_fraction: float = 1.0
+    local_rope_theta: float | None = None
+    sliding_window: int | None = None
+    layer_pattern: tuple[str, ...] = ("full",)
+    qk_norm: bool = False
+    post_norms: bool = False
+    embed_scale: bool = False
+    attention_scale: float | None = None
+    attention_softcap: float | None = None
+    logits_softcap: float | None = None
     _derived: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
     """The fields given as None and filled in here; ``replace`` derives them afresh."""
 
@@ -92,6 +133,10 @@ class TransformerConfig:
                 object.__setattr__(self, name, value)
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.attention_out_bias is None:
+            object.__setattr__(self, "attention_out_bias", self.attention_bias)
+        for name, enum in _ENUMS.items():
+            _set_choice(self, name, enum)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_len"):
             require_positive_int(name, getattr(self, name), "TransformerConfig: ")
         if self.head_dim is None:
@@ -106,11 +151,8 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (GQA)"
             )
-        if self.positions == "rope" and self.head_dim % 2:
-            raise ValueError(f"TransformerConfig: RoPE needs an even head_dim, got {self.head_dim}")
-        _choice("norm", self.norm, NORMS)
-        _choice("activation", self.activation, ACTIVATIONS)
-        _choice("positions", self.positions, POSITIONS)
+        self._check_positions()
+        self._check_attention()
         _choice("dtype", self.dtype, DTYPES)
         _choice("param_dtype", self.param_dtype, DTYPES)
         if not self.norm_eps > 0:
@@ -122,6 +164,48 @@ class TransformerConfig:
                 raise ValueError("TransformerConfig: remat='auto' needs a budget (bytes, or e.g. '30GiB')")
         else:
             get_remat(self.remat)
+
+    def _check_positions(self) -> None:
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise TypeError(
+                f"TransformerConfig: rope_scaling={self.rope_scaling!r} must be a RopeScaling or dict"
+            )
+        if not 0 < self.rotary_fraction <= 1:
+            raise ValueError(f"TransformerConfig: rotary_fraction={self.rotary_fraction} must be in (0, 1]")
+        if self.positions == Positions.ROPE and self.rotary_dim % 2:
+            raise ValueError(
+                f"TransformerConfig: RoPE needs an even rotary dim, got {self.rotary_dim} "
+                f"(head_dim={self.head_dim} x rotary_fraction={self.rotary_fraction})"
+            )
+        pattern = (self.layer_pattern,) if isinstance(self.layer_pattern, str) else tuple(self.layer_pattern)
+        object.__setattr__(self, "layer_pattern", pattern)
+        bad = [kind for kind in pattern if kind not in LAYER_KINDS]
+        if not pattern or bad:
+            raise ValueError(
+                f"TransformerConfig: layer_pattern={pattern!r}: each entry must be one of "
+                + ", ".join(LAYER_KINDS)
+            )
+
+    def _check_attention(self) -> None:
+        if self.sliding_window is not None:
+            require_positive_int("sliding_window", self.sliding_window, "TransformerConfig: ")
+        for name in ("attention_scale", "attention_softcap", "logits_softcap", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise ValueError(f"TransformerConfig: {name}={value!r} must be a positive number or None")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that RoPE rotates: ``head_dim * rotary_fraction``."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def layer_kinds(self) -> "tuple[LayerKind, ...]":
+        """One ``LayerKind`` per layer: ``layer_pattern`` cycled over ``n_layers``."""
+        pattern = self.layer_pattern
+        return tuple(LAYER_KINDS[pattern[i % len(pattern)]] for i in range(self.n_layers))
 
     @property
     def remat_spec(self) -> RematSpec:
@@ -154,6 +238,11 @@ class TransformerConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         if isinstance(self.remat, RematSpec):
             out["remat"] = repr(self.remat)
+        for name in _ENUMS:
+            out[name] = out[name].value
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = self.rope_scaling.to_dict()
+        out["layer_pattern"] = list(self.layer_pattern)
         return out
 
     @classmethod
@@ -192,43 +281,23 @@ class TransformerConfig:
         return PRESETS[name].replace(**overrides)
 
 
+def _set_choice(cfg: TransformerConfig, name: str, enum: type) -> None:
+    """Turns the string field ``name`` into its ``enum`` member, or raises naming it."""
+    try:
+        object.__setattr__(cfg, name, enum(getattr(cfg, name)))
+    except ValueError:
+        known = ", ".join(e.value for e in enum)
+        raise ValueError(f"TransformerConfig: {name}={getattr(cfg, name)!r} is not one of {known}") from None
+
+
 def _choice(name: str, value, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"TransformerConfig: {name}={value!r} is not one of {', '.join(map(str, choices))}")
 
 
-_LLAMA2 = dict(family="llama", vocab_size=32000, max_len=4096, dtype="bfloat16", norm_eps=1e-5)
-
 PRESETS: MappingProxyType[str, TransformerConfig] = MappingProxyType(
-    {
-        "tiny": TransformerConfig(n_kv_heads=2),
-        "small": TransformerConfig(d_model=512, n_layers=8, n_heads=8, ffn_dim=1376, max_len=2048),
-        "gpt2": TransformerConfig(
-            family="gpt2",
-            vocab_size=50257,
-            d_model=768,
-            n_layers=12,
-            n_heads=12,
-            ffn_dim=3072,
-            attention_bias=True,
-            mlp_bias=True,
-            tie_embeddings=True,
-        ),
-        "llama2-7b": TransformerConfig(**_LLAMA2, d_model=4096, n_layers=32, n_heads=32, ffn_dim=11008),
-        "llama2-13b": TransformerConfig(**_LLAMA2, d_model=5120, n_layers=40, n_heads=40, ffn_dim=13824),
-        "llama3-8b": TransformerConfig(
-            family="llama",
-            vocab_size=128256,
-            d_model=4096,
-            n_layers=32,
-            n_heads=32,
-            n_kv_heads=8,
-            ffn_dim=14336,
-            max_len=8192,
-            rope_theta=500000.0,
-            dtype="bfloat16",
-        ),
-    }
+    {name: TransformerConfig(**fields) for name, fields in PRESET_FIELDS.items()}
 )
-"""Named configurations. ``tiny`` and ``small`` use a 256-token byte vocabulary and
-fp32; the published models compute in bf16 with fp32 parameters."""
+"""Named configurations (their fields: ``jaxckpt.nn._presets``). ``tiny`` and ``small`` use
+a 256-token byte vocabulary and fp32; the published models compute in bf16 with fp32
+parameters, and their parameter counts equal the published ones."""
