@@ -29,6 +29,11 @@ class ConversionReport:
         dtype_changes: ``(key, from dtype, to dtype)``: the tensor was cast.
         ignored: keys known to hold no parameter (buffers, a tied head saved twice).
         notes: config fields not carried over, e.g. dropout.
+        unknown_fields: config fields in no known class (``name=value``): ignored, and
+            warned about once (``strict=True`` refuses them instead).
+        verified_max_abs_diff: with ``verify=True``, the largest absolute difference
+            between the converted model's fp32 logits and transformers'; None: not verified.
+        verify_tolerance: the tolerance that difference was held to.
 
     Example:
         >>> from torch_bridge import ConversionReport
@@ -45,6 +50,9 @@ class ConversionReport:
     dtype_changes: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     ignored: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    unknown_fields: list[str] = dataclasses.field(default_factory=list)
+    verified_max_abs_diff: float | None = None
+    verify_tolerance: float | None = None
 
     def problems(self, allow_missing: bool = False) -> list[str]:
         """One line per kind of problem; empty when the conversion is clean."""

@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from jaxckpt.nn import Block, Transformer, TransformerConfig, from_params
-from torch_bridge._archs import Architecture, architecture, architecture_of, seed_block_config
+from torch_bridge._archs import Architecture, architecture, seed_block_config
 from torch_bridge._convert import (
     ConversionReport,
     convert_state_dict,
@@ -20,8 +20,9 @@ from torch_bridge._convert import (
     model_class,
     target_shapes,
 )
-from torch_bridge._hf_config import READERS
+from torch_bridge._hf_config import Translation, translate
 from torch_bridge._sources import find_config, open_tensors
+from torch_bridge._verify import verify as run_verify
 from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors, write_torch_file
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -35,23 +36,32 @@ def _dtype_name(dtype) -> str:
     return DTYPES[str(dtype)]
 
 
-def config_from_hf(hf: "Mapping | str | os.PathLike", *, dtype: str = "float32") -> TransformerConfig:
-    """The ``TransformerConfig`` of a Hugging Face LLaMA or GPT-2 ``config.json``.
+def config_from_hf(
+    hf: "Mapping | str | os.PathLike", *, dtype: str = "float32", strict: bool = False
+) -> TransformerConfig:
+    """The ``TransformerConfig`` of a Hugging Face ``config.json`` of any supported family
+    (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3_text``, ``gemma3``,
+    ``phi3``, ``smollm3``, ``gpt2``).
+
+    Fields known not to change the numbers are accepted; a field in no known class is
+    warned about (``JaxckptWarning``) and ignored, or refused when ``strict``.
 
     Args:
         hf: the config as a dict, or the path of a ``config.json`` (or of its directory).
         dtype: parameter and compute dtype of the jaxckpt model.
+        strict: refuse config fields jaxckpt does not know instead of warning.
 
     Raises:
-        ValueError: for an unknown ``model_type`` or a field jaxckpt cannot honour (named).
+        ValueError: for an unknown ``model_type``, a field jaxckpt cannot honour (named,
+            with the reason), a missing required field, or (strict) an unknown field.
 
     Example:
         >>> cfg = config_from_hf({"model_type": "gpt2", "vocab_size": 11, "n_embd": 6, "n_layer": 1,
         ...                       "n_head": 3})
-        >>> cfg.family, cfg.ffn_dim, cfg.activation, cfg.tie_embeddings
+        >>> cfg.family, cfg.ffn_dim, str(cfg.activation), cfg.tie_embeddings
         ('gpt2', 24, 'gelu_tanh', True)
     """
-    return _translate(*_hf_dict(hf), _dtype_name(dtype), notes=[])[1]
+    return _translate(*_hf_dict(hf), _dtype_name(dtype), strict=strict)[1]
 
 
 def _hf_dict(hf) -> tuple[dict, str]:
@@ -65,15 +75,14 @@ def _hf_dict(hf) -> tuple[dict, str]:
         raise ValueError(f"{path}: not valid JSON ({err})") from err
 
 
-def _translate(hf: dict, source: str, dtype: str, notes: list[str]) -> tuple[Architecture, TransformerConfig]:
-    arch = architecture_of(hf, source)
+def _translate(hf: dict, source: str, dtype: str, *, strict: bool) -> tuple[Translation, TransformerConfig]:
+    """The translation of a config dict and its ``TransformerConfig``; no weight table is needed."""
+    found = translate(hf, source, strict=strict)
     try:
-        fields = READERS[arch.model_type](hf, notes)
-    except KeyError as err:
-        raise ValueError(f"{source}: required field {err.args[0]!r} is missing") from err
-    except ValueError as err:
+        config = TransformerConfig(**found.fields, dtype=dtype, param_dtype=dtype)
+    except (TypeError, ValueError) as err:
         raise ValueError(f"{source}: {err}") from err
-    return arch, TransformerConfig(**fields, dtype=dtype, param_dtype=dtype)
+    return found, config
 
 
 @dataclasses.dataclass
@@ -121,6 +130,8 @@ def read_checkpoint(
     dtype: str | None = None,
     allow_missing: bool = False,
     on_tensor: Callable[[str, int], None] | None = None,
+    strict: bool = False,
+    verify: bool = False,
 ) -> Converted:
     """Reads a checkpoint, one tensor at a time, into jaxckpt parameters.
 
@@ -134,9 +145,16 @@ def read_checkpoint(
             dtype of its largest tensor), so bf16 stays bf16.
         allow_missing: keep missing parameters at zero instead of raising.
         on_tensor: progress callback ``(key, nbytes)``.
+        strict: refuse config fields jaxckpt does not know (default: list them in the
+            report's ``unknown_fields``, warn once, and go on).
+        verify: run transformers' model from the same directory and the converted one on
+            a short fixed input, and fail unless the logits agree within the dtype's
+            tolerance (``torch_bridge._verify.TOLERANCES``); the largest difference goes in
+            the report (``verified_max_abs_diff``). Needs torch and transformers, and holds
+            both models in memory at once.
 
     Raises:
-        ValueError / FileNotFoundError: naming the file or tensor at fault.
+        ValueError / FileNotFoundError: naming the file, field or tensor at fault.
 
     Example:
         >>> import os, tempfile
@@ -150,13 +168,24 @@ def read_checkpoint(
         >>> converted.arch.name, converted.config.d_model, converted.report.problems()
         ('llama', 16, [])
     """
+    if verify and config is not None:
+        raise ValueError(
+            f"{path}: verify=True compares with transformers' reading of the directory's own config.json; "
+            "it cannot check a checkpoint read with config="
+        )
     with open_tensors(path) as source:
-        chosen, config, notes = _resolve_config(path, source, config, arch, dtype)
+        chosen, config, found = _resolve_config(path, source, config, arch, dtype, strict)
         params, report = convert_state_dict(
             source, chosen, config, allow_missing=allow_missing, on_tensor=on_tensor
         )
-    report.notes.extend(notes)
-    return Converted(chosen, config, params, report)
+    report.notes.extend(found.notes)
+    report.unknown_fields.extend(found.unknown)
+    converted = Converted(chosen, config, params, report)
+    if verify:
+        if chosen.block:
+            raise ValueError(f"{path}: verify=True checks Hugging Face models; the seed block has none")
+        report.verified_max_abs_diff, report.verify_tolerance = run_verify(path, converted.model(), config)
+    return converted
 
 
 def native_dtype(source) -> str:
@@ -165,8 +194,10 @@ def native_dtype(source) -> str:
     return DTYPES.get(str(source.dtype(largest)), "float32") if largest is not None else "float32"
 
 
-def _resolve_config(path, source, config, arch, dtype) -> tuple[Architecture, TransformerConfig, list[str]]:
-    """The architecture and jaxckpt config of a checkpoint, and the notes of its translation.
+def _resolve_config(
+    path, source, config, arch, dtype, strict
+) -> tuple[Architecture, TransformerConfig, Translation]:
+    """The architecture and jaxckpt config of a checkpoint, and its translation's findings.
 
     The dtype is ``dtype`` when given; else a ``TransformerConfig``'s own, or the
     checkpoint's native dtype for a Hugging Face config."""
@@ -177,24 +208,32 @@ def _resolve_config(path, source, config, arch, dtype) -> tuple[Architecture, Tr
                 f"{path}: a single state_dict file needs an explicit config= "
                 "(a Hugging Face config.json or a TransformerConfig)"
             )
-    notes: list[str] = []
     if isinstance(config, TransformerConfig):
         if dtype is not None:
             config = config.replace(dtype=_dtype_name(dtype), param_dtype=_dtype_name(dtype))
-        return architecture(arch or config.family), config, notes
+        return architecture(arch or config.family), config, Translation(config.family, {})
     name = _dtype_name(dtype) if dtype is not None else native_dtype(source)
-    chosen, config = _translate(*_hf_dict(config), name, notes)
-    return (architecture(arch) if arch is not None else chosen), config, notes
+    found, config = _translate(*_hf_dict(config), name, strict=strict)
+    return architecture(arch or found.family), config, found
 
 
-def load_hf(path: "str | os.PathLike", *, dtype: str | None = None, **options) -> Transformer:
-    """A jaxckpt ``nn.Transformer`` from a Hugging Face LLaMA or GPT-2 checkpoint.
+def load_hf(
+    path: "str | os.PathLike",
+    *,
+    dtype: str | None = None,
+    strict: bool = False,
+    verify: bool = False,
+    **options,
+) -> Transformer:
+    """A jaxckpt ``nn.Transformer`` from a Hugging Face checkpoint of any supported family.
 
     Args:
         path: the model directory (``config.json`` + ``model.safetensors``, sharded
             safetensors with their index, ``pytorch_model.bin`` or sharded ``.bin``), or a
             single state_dict file together with ``config=``.
         dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``; default: the checkpoint's.
+        strict: refuse config fields jaxckpt does not know (default: warn once and go on).
+        verify: check the logits against transformers' (see ``read_checkpoint``).
         **options: ``config``, ``arch``, ``allow_missing``, ``on_tensor`` of
             ``read_checkpoint``.
 
@@ -208,7 +247,7 @@ def load_hf(path: "str | os.PathLike", *, dtype: str | None = None, **options) -
         >>> model.config.n_kv_heads, model.config.d_model
         (1, 6)
     """
-    converted = read_checkpoint(path, dtype=dtype, **options)
+    converted = read_checkpoint(path, dtype=dtype, strict=strict, verify=verify, **options)
     if converted.arch.block:
         raise ValueError(f"{path}: the seed block is one layer, not a model; use load_seed_block")
     return converted.model()

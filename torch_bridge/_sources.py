@@ -32,6 +32,11 @@ WEIGHT_LAYOUTS = (
 )
 _LAYOUT_FILES = tuple(layout.split()[0] for layout in WEIGHT_LAYOUTS)
 FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+GGUF_HINT = (
+    "GGUF is llama.cpp's format, often quantized, which torch_bridge does not read; convert it to a "
+    "Hugging Face directory first: transformers.AutoModelForCausalLM.from_pretrained(directory, "
+    "gguf_file=NAME).save_pretrained(OUT) (needs the gguf package), then pass OUT"
+)
 
 SAFETENSORS_DTYPES = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
@@ -205,8 +210,21 @@ def _read_index(index: Path) -> dict[str, str]:
     return weight_map
 
 
+def _is_gguf(path: Path) -> bool:
+    """A GGUF file: by its suffix, or its magic bytes ``GGUF`` at offset 0 (whatever its name)."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def _weight_files(path: Path) -> tuple[list[Path], Path | None, dict[str, str]]:
     """The weight files of ``path`` in storage order, the index naming them, its weight_map."""
+    if path.is_file() and _is_gguf(path):
+        raise ValueError(f"{path}: a GGUF file; {GGUF_HINT}")
     if path.is_file():
         if path.suffix not in FILE_SUFFIXES:
             raise ValueError(f"{path}: cannot tell its format; expected a file ending in {FILE_SUFFIXES}")
@@ -219,6 +237,9 @@ def _weight_files(path: Path) -> tuple[list[Path], Path | None, dict[str, str]]:
                 return [path / name], None, {}
             weight_map = _read_index(path / name)
             return [path / shard for shard in sorted(set(weight_map.values()))], path / name, weight_map
+    gguf = sorted(p.name for p in path.glob("*.gguf"))
+    if gguf:
+        raise ValueError(f"{path} holds GGUF files ({', '.join(gguf)}) and no other weights; {GGUF_HINT}")
     raise FileNotFoundError(
         f"{path} holds no weights: looked for {', '.join(WEIGHT_LAYOUTS)}; "
         "pass the checkpoint directory or one weight file"
