@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 import torch_models as tm  # noqa: E402
 
 import torch_bridge  # noqa: E402
+from jaxckpt._warnings import JaxckptWarning  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -81,8 +82,8 @@ def _with_config(llama_dir, tmp_path, **changes):
 
 
 def test_unknown_architecture_is_named(llama_dir, tmp_path):
-    bad = _with_config(llama_dir, tmp_path, model_type="mistral")
-    with pytest.raises(ValueError, match=r"config\.json: unknown architecture model_type='mistral'"):
+    bad = _with_config(llama_dir, tmp_path, model_type="bert")
+    with pytest.raises(ValueError, match=r"config\.json: unknown architecture model_type='bert'.*llama"):
         torch_bridge.load_hf(bad)
     with pytest.raises(ValueError, match="unknown architecture 'bert'"):
         torch_bridge.architecture("bert")
@@ -91,8 +92,9 @@ def test_unknown_architecture_is_named(llama_dir, tmp_path):
 @pytest.mark.parametrize(
     "changes, match",
     [
-        (dict(rope_parameters={"rope_type": "llama3"}), "rope_parameters.rope_type='llama3'"),
-        (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling.rope_type='linear'"),
+        (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0}), "rope_parameters.rope_type='dyn"),
+        (dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "rope_scaling.rope_type='dynamic'"),
+        (dict(rope_interleaved=True), "rope_interleaved=True"),
         (dict(hidden_act="gelu"), "hidden_act='gelu'"),
         (dict(sliding_window=16), "sliding_window=16"),
         (dict(quantization_config={"bits": 4}), "quantization_config"),
@@ -100,8 +102,27 @@ def test_unknown_architecture_is_named(llama_dir, tmp_path):
 )
 def test_config_fields_we_cannot_honour_are_named(llama_dir, tmp_path, changes, match):
     bad = _with_config(llama_dir, tmp_path, **changes)
-    with pytest.raises(ValueError, match=match.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ValueError, match=r"config\.json: .*" + match.replace(".", r"\.").replace("(", r"\(")):
         torch_bridge.load_hf(bad)
+
+
+def test_unknown_config_field_is_reported_warned_once_and_refused_when_strict(llama_dir, tmp_path):
+    bad = _with_config(llama_dir, tmp_path, new_knob=7)
+    with pytest.warns(JaxckptWarning, match=r"config\.json: config field\(s\) new_knob=7") as caught:
+        converted = torch_bridge.read_checkpoint(bad)
+    assert len(caught) == 1 and converted.report.unknown_fields == ["new_knob=7"]
+    assert converted.report.to_dict()["unknown_fields"] == ["new_knob=7"]
+    with pytest.raises(ValueError, match=r"config\.json: unknown config field\(s\) new_knob=7"):
+        torch_bridge.load_hf(bad, strict=True)
+
+
+def test_a_gguf_file_is_refused_with_how_to_convert_it(tmp_path):
+    (tmp_path / "model.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(32))
+    (tmp_path / "renamed.bin").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(32))
+    for path in (tmp_path / "model.gguf", tmp_path / "renamed.bin", tmp_path):
+        with pytest.raises(ValueError, match=r"GGUF.*from_pretrained\(directory, gguf_file=NAME\)") as err:
+            torch_bridge.load_hf(path, config=tm.tiny_llama().config.to_dict())
+        assert str(path) in str(err.value)
 
 
 def test_gpt2_features_we_cannot_honour_are_named():

@@ -22,11 +22,15 @@ from jaxckpt.nn import Block, TransformerConfig
 from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpoint, save_checkpoint
 from torch_bridge._archs import ARCHITECTURES, architecture
 from torch_bridge._convert import export_order, export_state_dict
-from torch_bridge._models import DTYPES, read_checkpoint, seed_config_of, write_hf
+from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of, write_hf
 from torch_bridge._sources import find_config, open_tensors
+from torch_bridge._verify import verify
 from torch_bridge._writers import atomic_output, write_torch_file
 
 SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
+REPORTED = ("ignored", "dtype_changes", "notes", "missing", "unknown_fields", "verified_max_abs_diff")
+REPORTED += ("verify_tolerance",)
+"""The ``ConversionReport`` entries the summary shows (when set)."""
 
 FLAGS = {
     "allow_missing": "--allow-missing",
@@ -35,6 +39,8 @@ FLAGS = {
     "dtype": "--dtype",
     "max_shard_size": "--max-shard-size",
     "num_heads": "--num-heads",
+    "strict": "--strict",
+    "verify": "--verify",
 }
 """torch_bridge's argument names -> ``convert``'s flags, added to ``jaxckpt.cli``'s shared
 table (which has ``force``) when ``jaxckpt`` turns a library error into a message."""
@@ -63,6 +69,17 @@ def add_parser(sub) -> None:
     p.add_argument("--num-heads", type=int, help="attention heads of a seed block (its .pt cannot say)")
     p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size for --to torch")
     p.add_argument("--allow-missing", action="store_true", help="keep missing parameters at zero")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse config.json fields jaxckpt does not know (default: list them, warn once, go on)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the transformers model (of SRC, or of DST with --to torch) and the jaxckpt one on a "
+        "short input; fail unless their logits agree within the dtype's tolerance (needs transformers)",
+    )
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
     p.set_defaults(run=run, flags=FLAGS)
@@ -107,6 +124,7 @@ def to_jax(args: argparse.Namespace) -> dict:
     with atomic_output(dst, force=args.force) as tmp, _progress(total, not args.json, "converting") as tick:
         start = time.perf_counter()
         options = dict(config=config, arch=arch, dtype=dtype, allow_missing=args.allow_missing)
+        options |= dict(strict=args.strict, verify=args.verify)
         converted = read_checkpoint(src, **options, on_tensor=tick)
         meta = {
             "kind": PARAMS_KIND,
@@ -154,7 +172,16 @@ def to_torch(args: argparse.Namespace) -> dict:
             options = dict(max_shard_size=args.max_shard_size, force=args.force, on_tensor=tick)
             write_hf(params, config, dst, **options)
     nbytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
-    return _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, {})
+    meta = {"report": _verified(dst, arch, config, params) if args.verify else {}}
+    return _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, meta)
+
+
+def _verified(dst: Path, arch: str, config: TransformerConfig, params: dict) -> dict:
+    """``--to torch --verify``: transformers' reading of the written directory against the model."""
+    if architecture(arch).block:
+        raise ValueError(f"{dst}: verify=True checks Hugging Face models; the seed block has none")
+    diff, limit = verify(dst, build_model(architecture(arch), config, params), config)
+    return {"verified_max_abs_diff": diff, "verify_tolerance": limit}
 
 
 def _ticking(items, tick: Callable[[str, int], None]):
@@ -174,7 +201,7 @@ def _summary(src, dst, to, arch, tensors, nbytes, seconds, meta) -> dict:
         "bytes": int(nbytes),
         "seconds": seconds,
         "mb_per_s": nbytes / 1e6 / max(seconds, 1e-9),
-        **{k: report[k] for k in ("ignored", "dtype_changes", "notes", "missing") if report.get(k)},
+        **{k: report[k] for k in REPORTED if report.get(k) is not None and report.get(k) != []},
     }
 
 
@@ -185,13 +212,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2, default=str))
         return 0
     table = Table(title=f"jaxckpt convert ({result['arch']}, to {result['to']})")
-    for column in ("tensors", "MB", "seconds", "MB/s"):
-        table.add_column(column, justify="right")
+    columns = ["tensors", "MB", "seconds", "MB/s"]
     mb, seconds, rate = result["bytes"] / 1e6, result["seconds"], result["mb_per_s"]
-    table.add_row(str(result["tensors"]), f"{mb:.1f}", f"{seconds:.2f}", f"{rate:.1f}")
+    row = [str(result["tensors"]), f"{mb:.1f}", f"{seconds:.2f}", f"{rate:.1f}"]
+    if "verified_max_abs_diff" in result:
+        columns += ["max |logit diff|", "tolerance"]
+        row += [f"{result['verified_max_abs_diff']:.2g}", f"{result['verify_tolerance']:.2g}"]
+    for column in columns:
+        table.add_column(column, justify="right")
+    table.add_row(*row)
     console = Console()
     console.print(table)
-    for key in ("ignored", "dtype_changes", "notes", "missing"):
+    for key in REPORTED:
         if key in result:
             console.print(f"{key}: {result[key]}")
     console.print(f"wrote {result['dst']}")
