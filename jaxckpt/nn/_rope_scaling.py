@@ -32,8 +32,25 @@ _POSITIVE = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta
 _REAL = ("mscale", "mscale_all_dim")
 
 
+_ORIGINAL_MAX_LEN_HINT = (
+    " (original_max_len is Hugging Face's original_max_position_embeddings; Phi-3 keeps it at the "
+    "top level of config.json, outside rope_scaling)"
+)
+
+
 def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_tuple(name: str, value) -> tuple[float, ...]:
+    """A longrope factor list as a tuple of floats (hashable), or a ValueError naming it."""
+    try:
+        items = None if isinstance(value, str | bytes) else tuple(value)
+    except TypeError:
+        items = None
+    if not items or not all(_is_real(v) and v > 0 for v in items):
+        raise ValueError(f"rope_scaling.{name}={value!r} must be a non-empty list of positive numbers")
+    return tuple(float(v) for v in items)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,26 +110,14 @@ class RopeScaling:
                 f"rope_scaling.kind={self.kind!r} is not implemented{hint}; the implemented kinds are {known}"
             ) from None
         for name in ("short_factor", "long_factor"):
-            value = getattr(self, name)
-            if value is not None:
-                if (
-                    isinstance(value, str | bytes)
-                    or not all(_is_real(v) and v > 0 for v in value)
-                    or not value
-                ):
-                    raise ValueError(
-                        f"rope_scaling.{name}={value!r} must be a non-empty list of positive numbers"
-                    )
-                object.__setattr__(self, name, tuple(float(v) for v in value))
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _positive_tuple(name, getattr(self, name)))
         self._check_types()
         missing = [name for name in _REQUIRED[self.kind] if getattr(self, name) is None]
         if missing:
             need = ", ".join(_REQUIRED[self.kind])
-            raise ValueError(
-                f"rope_scaling.{missing[0]}=None: kind={self.kind.value} needs {need} "
-                "(original_max_len is Hugging Face's original_max_position_embeddings; Phi-3 keeps it "
-                "at the top level of config.json, outside rope_scaling)"
-            )
+            hint = _ORIGINAL_MAX_LEN_HINT if missing[0] == "original_max_len" else ""
+            raise ValueError(f"rope_scaling.{missing[0]}=None: kind={self.kind.value} needs {need}{hint}")
         if self.kind == RopeKind.LLAMA3 and not self.low_freq_factor < self.high_freq_factor:
             raise ValueError(
                 f"rope_scaling.low_freq_factor={self.low_freq_factor} must be less than "
@@ -229,7 +234,7 @@ def _yarn(
     original = s.original_max_len or _need_max_len(max_len, "original_max_len=None defaults to max_len")
     factor = s.factor or _ratio(max_len, original)
     if s.attention_factor is not None:
-        attention_factor = s.attention_factor
+        attention_factor = float(s.attention_factor)
     elif s.mscale and s.mscale_all_dim:
         attention_factor = float(_yarn_mscale(factor, s.mscale) / _yarn_mscale(factor, s.mscale_all_dim))
     else:
@@ -260,7 +265,7 @@ def _longrope(s: RopeScaling, pos_freqs: np.ndarray, *, rotary_dim, max_len, seq
                 f"rotary_dim / 2 = {rotary_dim // 2} (one per frequency)"
             )
     original = s.original_max_len
-    attention_factor = s.attention_factor
+    attention_factor = None if s.attention_factor is None else float(s.attention_factor)
     if attention_factor is None:
         factor = s.factor or _ratio(max_len, original)
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
