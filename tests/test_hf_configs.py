@@ -804,3 +804,14 @@ def test_written_configs_read_back_the_same_in_transformers_and_here(name):
 def test_every_family_has_a_reader_and_a_writer_and_a_model_type(family):
     assert family in READERS and MODEL_TYPES[family] == family
     assert TransformerConfig(family=family).family == family
+
+
+@transformers_only
+def test_gemma3_with_one_rope_for_every_layer_round_trips():
+    transformers = pytest.importorskip("transformers")
+    config = torch_bridge.config_from_hf(GEMMA3_1B).replace(
+        rope_scaling={"kind": "linear", "factor": 2.0}, local_rope_theta=None
+    )
+    written = WRITERS["gemma3"](config)
+    assert written["rope_parameters"]["sliding_attention"]["rope_type"] == "linear"
+    assert torch_bridge.config_from_hf(transformers.AutoConfig.for_model(**written).to_dict()) == config

@@ -212,11 +212,12 @@ def _gemma3_rope(cfg: _Config) -> dict:
     local.setdefault("rope_theta", cfg["rope_local_base_freq"])
     theta, scaling = read_rope("rope_parameters.full_attention", full, cfg.hf, theta=cfg["rope_theta"])
     local_theta, local_scaling = read_rope("rope_parameters.sliding_attention", local, cfg.hf, theta=theta)
+    if (local_theta, local_scaling) == (theta, scaling):  # one RoPE for every layer
+        return dict(rope_theta=theta, rope_scaling=scaling, local_rope_theta=None)
     if local_scaling is not None:
         raise refusal("rope_parameters.sliding_attention.rope_type", local_scaling.kind.value,
                       "jaxckpt's sliding layers use plain RoPE")  # fmt: skip
-    same = local_theta == theta and scaling is None
-    return dict(rope_theta=theta, rope_scaling=scaling, local_rope_theta=None if same else local_theta)
+    return dict(rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta)
 
 
 def phi3_config(hf: dict, notes: list[str]) -> dict:
