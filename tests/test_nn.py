@@ -246,7 +246,7 @@ def test_attention_matches_numpy_causal_softmax(cfg):
     assert attn.q_proj.kernel.shape == (cfg.d_model, cfg.n_heads * cfg.head_dim)
     assert attn.k_proj.kernel.shape == (cfg.d_model, cfg.n_kv_heads * cfg.head_dim)
     assert attn.q_proj.use_bias is cfg.attention_bias
-    assert (attn.rope_theta is not None) == (cfg.positions == "rope")
+    assert attn.q_norm is None and attn.out_proj.use_bias is cfg.attention_bias
     x = normal(8, (B, T, cfg.d_model))
     assert_close(apply(attn, jnp.asarray(x, F32)), np_attention(x, attn, cfg), F32, name="attention")
 
@@ -255,7 +255,7 @@ def test_attention_reference_implementation_agrees_with_default():
     cfg = ATTENTION_CASES["llama-gqa-6/2-bias"]
     default = build(lambda rngs: Attention(cfg, rngs=rngs))
     reference = build(lambda rngs: Attention(cfg.replace(attention="reference"), rngs=rngs))
-    assert (default.implementation, reference.implementation) == (None, "reference")
+    assert (default.config.attention, reference.config.attention) == (None, "reference")
     x = jnp.asarray(normal(9, (B, T, cfg.d_model)), F32)
     assert_close(apply(default, x), apply(reference, x), F32, name="default vs reference")
 
@@ -460,3 +460,50 @@ def test_preset_overrides_rederive_derived_fields():
         "gpt2", vocab_size=97, d_model=24, n_layers=3, n_heads=3, ffn_dim=40, max_len=32
     )
     assert (cfg.n_kv_heads, cfg.head_dim) == (3, 8)
+
+
+# ----------------------------------------------------------------------------- layer patterns
+
+PATTERNED = LLAMA.replace(
+    n_layers=5, layer_pattern=("sliding", "full_nope", "full"), sliding_window=3, local_rope_theta=77.0
+)
+"""Layers that differ: period 3 over 5 layers (one unit of 3, then 2 single layers)."""
+
+
+def _unrolled(blocks, kinds, x):
+    """The stack applied layer by layer, each block with its own kind (no scan, no remat)."""
+    graphdef, state = nnx.split(blocks)
+    for i, kind in enumerate(kinds):
+        x = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))(x, kind)
+    return x
+
+
+@pytest.mark.parametrize("spec", ["none", "full", "save_attn", "ratio_0.5", "ratio_0.25"])
+def test_a_patterned_stack_is_its_layers_in_order_under_every_remat(spec):
+    kinds = PATTERNED.layer_kinds
+    assert [k.sliding for k in kinds] == [True, False, False, True, False]
+    assert [k.rope for k in kinds] == [True, False, True, True, False]
+    model = build(lambda rngs: Transformer(PATTERNED, rngs=rngs), scale=0.2)
+    x = jnp.asarray(normal(4, (B, T, PATTERNED.d_model)), F32)
+
+    def scanned(blocks):
+        return run_blocks(blocks, x, remat.get(spec), PATTERNED.n_layers, kinds)
+
+    def loss(run):
+        return lambda blocks: jnp.sum(jnp.sin(run(blocks)))
+
+    assert_close(scanned(model.blocks), _unrolled(model.blocks, kinds, x), F32, name=f"{spec} forward")
+    grads = nnx.state(nnx.grad(loss(scanned))(model.blocks))
+    expected = nnx.state(nnx.grad(loss(lambda b: _unrolled(b, kinds, x)))(model.blocks))
+    for (path, g), (_, r) in zip(nnx.to_flat_state(grads), nnx.to_flat_state(expected), strict=True):
+        assert_close(g[...], r[...], F32, name=f"{spec} grad {path}")
+
+
+def test_a_patterned_stack_is_one_scan_over_units_of_its_period():
+    cfg = PATTERNED.replace(n_layers=9)  # three units of three layers: one scan of length 3
+    model = build(lambda rngs: Transformer(cfg, rngs=rngs))
+    jaxpr = jax.make_jaxpr(lambda m, t: m(t))(model, jnp.zeros((1, 5), jnp.int32))
+    scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+    assert [e.params["length"] for e in scans] == [3]
+    report = remat.describe(model, (2, 5), "full")
+    assert [(r.tag, r.count) for r in report.residuals] == [(remat.Tag.LAYER_INPUT, 3)] * 3

@@ -150,3 +150,62 @@ def _save_bin(model, directory: Path, sharded: bool) -> None:
     total = sum(v.numel() * v.element_size() for v in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+
+
+# ----------------------------------------------------------------------------- the families
+# One tiny random-init model per family, odd pairwise-distinct sizes, and every feature the
+# family brings switched on where a released model has it (windows small enough to matter
+# at the test's 13 tokens, soft caps small enough to bend the logits).
+
+_SIZES = dict(vocab_size=VOCAB, hidden_size=30, intermediate_size=37, num_hidden_layers=LAYERS)
+_SIZES |= dict(initializer_range=0.2)  # logits of a few units: soft caps and windows show
+_HEADS = dict(num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=64)
+
+
+def _family_config(name: str):
+    t = transformers
+    heads, sizes = _HEADS, _SIZES
+    match name:
+        case "llama3":  # Llama 3.2: llama3 rope scaling, tied head
+            rope = dict(rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0,
+                        high_freq_factor=4.0, original_max_position_embeddings=16)  # fmt: skip
+            return t.LlamaConfig(**sizes, **heads, head_dim=6, rope_parameters=rope, tie_word_embeddings=True)
+        case "smollm2":  # plain LLaMA, tied head
+            return t.LlamaConfig(**sizes, **heads, head_dim=6, tie_word_embeddings=True)
+        case "qwen2":  # q/k/v bias, no o bias
+            return t.Qwen2Config(**sizes, **heads, tie_word_embeddings=False)
+        case "qwen3":  # q/k norm, head_dim != hidden / heads
+            return t.Qwen3Config(**sizes, **heads, head_dim=8, tie_word_embeddings=False)
+        case "mistral":  # global sliding window, head_dim != hidden / heads
+            return t.MistralConfig(**sizes, **heads, head_dim=8, sliding_window=5)
+        case "gemma2":
+            return t.Gemma2Config(**sizes, **heads, head_dim=8, sliding_window=4, query_pre_attn_scalar=7,
+                                  attn_logit_softcapping=2.0, final_logit_softcapping=3.0)  # fmt: skip
+        case "gemma3":  # 2 local : 1 global, separate rope bases, linear scaling on the global layers
+            rope = {"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1000.0),
+                    "sliding_attention": dict(rope_type="default", rope_theta=100.0)}  # fmt: skip
+            kinds = ["sliding_attention", "sliding_attention", "full_attention"]
+            return t.Gemma3TextConfig(**sizes, **heads, head_dim=8, sliding_window=4, query_pre_attn_scalar=9,
+                                      rope_parameters=rope, layer_types=kinds)  # fmt: skip
+        case "phi3":  # fused qkv / gate_up, partial rotary, longrope (13 tokens > original 8: long factors)
+            rope = dict(rope_type="longrope", rope_theta=300.0, partial_rotary_factor=0.6,
+                        short_factor=[1.0, 1.5, 2.0], long_factor=[1.5, 3.0, 5.0])  # fmt: skip
+            phi = dict(num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=64)
+            phi |= dict(original_max_position_embeddings=8, sliding_window=7, pad_token_id=0, eos_token_id=0)
+            return t.Phi3Config(**sizes, **phi, rope_parameters=rope)
+        case "smollm3":  # a NoPE layer every second layer
+            return t.SmolLM3Config(**sizes, **heads, no_rope_layer_interval=2, pad_token_id=0, bos_token_id=0,
+                                   eos_token_id=0)  # fmt: skip
+    raise ValueError(f"no tiny model for family {name!r}")
+
+
+FAMILIES = ("llama3", "smollm2", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "smollm3")
+"""The families of ``tiny_family`` (Hugging Face layouts beyond LLaMA-2 and GPT-2)."""
+
+
+def tiny_family(name: str, seed: int = 0, dtype=torch.float32):
+    """A tiny random ``*ForCausalLM`` of family ``name`` (one of ``FAMILIES``)."""
+    torch.manual_seed(seed)
+    config = _family_config(name)
+    config._attn_implementation = "eager"
+    return _randomized(transformers.AutoModelForCausalLM.from_config(config), dtype)

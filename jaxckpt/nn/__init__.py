@@ -15,10 +15,11 @@ from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._build import from_params
 from jaxckpt.nn._config import PRESETS, TransformerConfig
-from jaxckpt.nn._layers import Embedding, LayerNorm, RMSNorm, logical_axes
+from jaxckpt.nn._layers import Embedding, GemmaRMSNorm, LayerNorm, RMSNorm, logical_axes
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.nn._rope import apply_rope, rope_tables
-from jaxckpt.nn._transformer import Transformer, run_blocks
+from jaxckpt.nn._stack import run_blocks
+from jaxckpt.nn._transformer import Transformer
 
 __all__ = [
     "MLP",
@@ -26,6 +27,7 @@ __all__ = [
     "Attention",
     "Block",
     "Embedding",
+    "GemmaRMSNorm",
     "LayerNorm",
     "RMSNorm",
     "Transformer",

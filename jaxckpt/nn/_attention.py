@@ -7,25 +7,31 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.attention import flash_attention
 from jaxckpt.nn._activation_sharding import constrain
+from jaxckpt.nn._choices import LayerKind, Positions
 from jaxckpt.nn._config import TransformerConfig
-from jaxckpt.nn._layers import make_dense
+from jaxckpt.nn._layers import make_dense, make_norm
 from jaxckpt.nn._rope import apply_rope, rope_tables
 from jaxckpt.remat import Tag
 
+FULL = LayerKind()
+"""The kind of a layer of a uniform stack: full attention, RoPE when the config has it."""
+
 
 class Attention(nnx.Module):
-    """Self-attention: q/k/v projections, RoPE (llama), attention, output projection.
+    """Self-attention: q/k/v projections, optional q/k norm, RoPE, attention, output projection.
 
-    Causal unless ``cfg.causal`` is False.
+    Causal unless ``cfg.causal`` is False. What varies from layer to layer (a sliding
+    window, RoPE or not, the local RoPE base) comes in as the call's static ``kind``.
 
     The attention itself is ``jaxckpt.flash_attention`` with the config's
-    ``attention`` implementation; GQA is passed through without repeating K/V.
+    ``attention`` implementation, scale and logit soft cap; GQA is passed through
+    without repeating K/V.
 
     Example:
         >>> import jax.numpy as jnp
         >>> from flax import nnx
         >>> from jaxckpt.nn import Attention, TransformerConfig
-        >>> cfg = TransformerConfig(d_model=12, n_heads=3, n_kv_heads=1, head_dim=4)
+        >>> cfg = TransformerConfig(d_model=12, n_heads=3, n_kv_heads=1, head_dim=4, qk_norm=True)
         >>> Attention(cfg, rngs=nnx.Rngs(0))(jnp.ones((2, 5, 12))).shape
         (2, 5, 12)
     """
@@ -36,22 +42,55 @@ class Attention(nnx.Module):
         self.q_proj = make_dense(cfg, d, n * h, bias=bias, rngs=rngs, axes=("embed", "heads"))
         self.k_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"))
         self.v_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"))
-        self.out_proj = make_dense(cfg, n * h, d, bias=bias, rngs=rngs, axes=("heads", "embed"))
+        self.out_proj = make_dense(
+            cfg, n * h, d, bias=cfg.attention_out_bias, rngs=rngs, axes=("heads", "embed")
+        )
+        self.q_norm = make_norm(cfg, h) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, h) if cfg.qk_norm else None
         self.heads = (n, k, h)
-        self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
-        self.implementation = cfg.attention
-        self.causal = cfg.causal
+        self.config = cfg
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """``[B, T, D] -> [B, T, D]``."""
+    def _rope(self, t: int, kind: LayerKind) -> "tuple[jax.Array, jax.Array] | None":
+        """The cos / sin tables of a layer of ``kind`` at length ``t`` (None: no RoPE)."""
+        cfg = self.config
+        if cfg.positions != Positions.ROPE or not kind.rope:
+            return None
+        if kind.sliding and cfg.local_rope_theta is not None:
+            theta, scaling = cfg.local_rope_theta, None
+        else:
+            theta, scaling = cfg.rope_theta, cfg.rope_scaling
+        return rope_tables(jnp.arange(t), cfg.rotary_dim, theta, scaling, max_len=cfg.max_len, seq_len=t)
+
+    def _window(self, kind: LayerKind) -> "tuple[int, int] | None":
+        """``flash_attention``'s ``local_window_size`` of a layer of ``kind``: a sliding
+        window of W keys (the query's own included) reaches W - 1 back."""
+        cfg = self.config
+        if not kind.sliding or cfg.sliding_window is None:
+            return None
+        return (cfg.sliding_window - 1, 0 if cfg.causal else cfg.sliding_window - 1)
+
+    def __call__(self, x: jax.Array, kind: LayerKind = FULL) -> jax.Array:
+        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static)."""
+        cfg = self.config
         b, t, _ = x.shape
         n, k, h = self.heads
         heads = ("batch", "seq", "heads", "head_dim")
         q = checkpoint_name(constrain(self.q_proj(x).reshape(b, t, n, h), *heads), Tag.Q_PROJ)
         key = checkpoint_name(constrain(self.k_proj(x).reshape(b, t, k, h), *heads), Tag.K_PROJ)
         value = checkpoint_name(constrain(self.v_proj(x).reshape(b, t, k, h), *heads), Tag.V_PROJ)
-        if self.rope_theta is not None:
-            cos, sin = rope_tables(jnp.arange(t), h, self.rope_theta)
-            q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
-        out = flash_attention(q, key, value, is_causal=self.causal, implementation=self.implementation)
+        if self.q_norm is not None:
+            q, key = self.q_norm(q), self.k_norm(key)
+        tables = self._rope(t, kind)
+        if tables is not None:
+            q, key = apply_rope(q, *tables), apply_rope(key, *tables)
+        out = flash_attention(
+            q,
+            key,
+            value,
+            scale=cfg.attention_scale,
+            is_causal=cfg.causal,
+            local_window_size=self._window(kind),
+            logits_soft_cap=cfg.attention_softcap,
+            implementation=cfg.attention,
+        )
         return checkpoint_name(self.out_proj(out.reshape(b, t, n * h)), Tag.OUT_PROJ)

@@ -5,7 +5,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.nn._activation_sharding import constrain
-from jaxckpt.nn._attention import Attention
+from jaxckpt.nn._attention import FULL, Attention
+from jaxckpt.nn._choices import LayerKind
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import make_norm
 from jaxckpt.nn._mlp import MLP
@@ -17,6 +18,9 @@ ACTIVATION = ("batch", "seq", "embed")
 
 class Block(nnx.Module):
     """One pre-norm decoder layer; its input is tagged ``Tag.LAYER_INPUT``.
+
+    With ``cfg.post_norms`` (Gemma 2 and 3) the attention and MLP outputs are normalised
+    again before their residual adds: ``x + post(attn(pre(x)))``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -30,11 +34,19 @@ class Block(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg, rngs=rngs)
+        self.attn_post_norm = make_norm(cfg) if cfg.post_norms else None
         self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp_post_norm = make_norm(cfg) if cfg.post_norms else None
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """``[B, T, D] -> [B, T, D]``."""
+    def __call__(self, x: jax.Array, kind: LayerKind = FULL) -> jax.Array:
+        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static; see ``LayerKind``)."""
         x = checkpoint_name(constrain(x, *ACTIVATION), Tag.LAYER_INPUT)
-        x = constrain(x + self.attn(checkpoint_name(self.attn_norm(x), Tag.NORM_OUT)), *ACTIVATION)
-        return constrain(x + self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT)), *ACTIVATION)
+        h = self.attn(checkpoint_name(self.attn_norm(x), Tag.NORM_OUT), kind)
+        if self.attn_post_norm is not None:
+            h = self.attn_post_norm(h)
+        x = constrain(x + h, *ACTIVATION)
+        h = self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT))
+        if self.mlp_post_norm is not None:
+            h = self.mlp_post_norm(h)
+        return constrain(x + h, *ACTIVATION)

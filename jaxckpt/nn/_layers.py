@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxckpt.nn._choices import Norm
 from jaxckpt.nn._config import TransformerConfig
 
 EMBED_INIT = jax.nn.initializers.normal(stddev=0.02)
@@ -134,13 +135,41 @@ class LayerNorm(nnx.Module):
         return y * scale + bias
 
 
-NORMS = {"rms": RMSNorm, "layer": LayerNorm}
+class GemmaRMSNorm(nnx.Module):
+    """``x / rms(x) * (1 + scale)``, all in fp32 and cast back (as Hugging Face Gemma 2 and 3).
+
+    The scale starts at zero (the identity), as Gemma stores it.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.nn import GemmaRMSNorm
+        >>> GemmaRMSNorm(2, eps=0.0)(jnp.array([[3.0, -3.0]])).tolist()  # rms 3, scale 1 + 0
+        [[1.0, -1.0]]
+    """
+
+    def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
+        self.scale = nnx.Param(jnp.zeros((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalizes the last axis of ``x``."""
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (x32 * (1.0 + _along_last(self.scale[...].astype(jnp.float32), x.ndim))).astype(self.dtype)
 
 
-def make_norm(cfg: TransformerConfig) -> RMSNorm | LayerNorm:
-    """The config's norm over ``d_model``."""
+NORMS = {Norm.RMS: RMSNorm, Norm.LAYER: LayerNorm, Norm.GEMMA_RMS: GemmaRMSNorm}
+"""``Norm`` -> its module."""
+
+
+def make_norm(cfg: TransformerConfig, features: int | None = None) -> RMSNorm | LayerNorm | GemmaRMSNorm:
+    """The config's norm over ``features`` (default ``d_model``; ``head_dim`` for q/k norms)."""
     return NORMS[cfg.norm](
-        cfg.d_model, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype
+        cfg.d_model if features is None else features,
+        eps=cfg.norm_eps,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.storage_dtype,
     )
 
 

@@ -1,22 +1,26 @@
-"""The feed-forward block: SwiGLU, GELU-tanh or exact GELU, with every tensor tagged."""
+"""The feed-forward block: SwiGLU, GeGLU-tanh, GELU-tanh or exact GELU, with every tensor tagged."""
 
 import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.nn._activation_sharding import constrain
+from jaxckpt.nn._choices import GATED, Activation
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import make_dense
 from jaxckpt.remat import Tag
 
 ACTIVATIONS = {
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    Activation.SWIGLU: jax.nn.silu,
+    Activation.GEGLU_TANH: lambda x: jax.nn.gelu(x, approximate=True),
+    Activation.GELU_TANH: lambda x: jax.nn.gelu(x, approximate=True),
+    Activation.GELU: lambda x: jax.nn.gelu(x, approximate=False),
 }
+"""``Activation`` -> its nonlinearity (applied to the gate when the activation is in ``GATED``)."""
 
 
 class MLP(nnx.Module):
-    """``down(act(gate(x)) * up(x))`` for SwiGLU, else ``down(act(up(x)))``.
+    """``down(act(gate(x)) * up(x))`` for a gated activation (SwiGLU, GeGLU), else ``down(act(up(x)))``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -28,7 +32,7 @@ class MLP(nnx.Module):
     """
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        self.gated = cfg.activation == "swiglu"
+        self.gated = cfg.activation in GATED
         d, f, bias = cfg.d_model, cfg.ffn_dim, cfg.mlp_bias
         self.gate = make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp")) if self.gated else None
         self.up = make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp"))
@@ -41,7 +45,7 @@ class MLP(nnx.Module):
         up = checkpoint_name(constrain(self.up(x), *hidden_axes), Tag.MLP_UP)
         if self.gated:
             gate = checkpoint_name(constrain(self.gate(x), *hidden_axes), Tag.MLP_GATE)
-            hidden = jax.nn.silu(gate) * up
+            hidden = ACTIVATIONS[self.activation](gate) * up
         else:
             hidden = ACTIVATIONS[self.activation](up)
         hidden = checkpoint_name(hidden, Tag.MLP_ACT)

@@ -102,6 +102,8 @@ class RematReport:
 
 def _residual(saved: SavedResidual, spec: RematSpec, count: int) -> Residual | None:
     src = saved.src
+    if src.startswith("from a constant"):
+        return None  # a constant of the trace (the RoPE frequencies), not an activation
     if src.startswith("from the argument"):
         if not src.startswith("from the argument x"):
             return None  # a parameter, not an activation
@@ -119,8 +121,8 @@ def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpe
     """Lists the activations the backward pass finds saved, per remat segment.
 
     The list comes from ``jax.ad_checkpoint``'s saved-residual analysis of one remat
-    segment of the block stack, so it is what JAX will really keep; parameters are
-    left out and ``count`` says how many segments keep each residual. Activations
+    segment of the block stack, so it is what JAX will really keep; parameters and
+    constants (the RoPE frequencies) are left out and ``count`` says how many segments keep each residual. Activations
     outside the block stack (embedding, logits) do not depend on the spec and are not
     listed.
 
