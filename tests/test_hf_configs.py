@@ -10,7 +10,8 @@ import pytest
 import torch_bridge
 from jaxckpt._warnings import JaxckptWarning
 from jaxckpt.nn import TransformerConfig
-from torch_bridge._hf_config import MODEL_TYPES, READERS, WRITERS, translate
+from torch_bridge._archs import ARCHITECTURES, architecture_of
+from torch_bridge._hf_config import translate
 from torch_bridge._hf_fields import USED
 
 # ---------------------------------------------------------------- released config.json files
@@ -701,10 +702,10 @@ class _Recording(dict):
 
 def test_every_field_a_reader_reads_is_in_its_used_class():
     for name, (hf, _) in RELEASED.items():
-        family = MODEL_TYPES[hf["model_type"]]
+        family = architecture_of(hf).name
         inner = hf.get("text_config", hf) | {"model_type": family}
         recording = _Recording(inner)
-        READERS[family](recording, [])
+        ARCHITECTURES[family].read(recording, [])
         assert recording.read <= USED[family] | {"model_type"}, name
 
 
@@ -792,7 +793,7 @@ def test_written_configs_read_back_the_same_in_transformers_and_here(name):
     transformers = pytest.importorskip("transformers")
     hf, _ = RELEASED[name]
     config = torch_bridge.config_from_hf(hf)
-    written = WRITERS[config.family](config)
+    written = ARCHITECTURES[config.family].hf_config(config)
     theirs = transformers.AutoConfig.for_model(**written)
     assert torch_bridge.config_from_hf(theirs.to_dict()) == config
     original = transformers.AutoConfig.for_model(**hf)
@@ -800,9 +801,10 @@ def test_written_configs_read_back_the_same_in_transformers_and_here(name):
     assert _architecture(theirs, config.family) == _architecture(original, config.family)
 
 
-@pytest.mark.parametrize("family", sorted(WRITERS))
+@pytest.mark.parametrize("family", sorted(a.name for a in ARCHITECTURES.values() if a.model_type))
 def test_every_family_has_a_reader_and_a_writer_and_a_model_type(family):
-    assert family in READERS and MODEL_TYPES[family] == family
+    arch = ARCHITECTURES[family]
+    assert arch.read is not None and arch.hf_config is not None and arch.model_type == family
     assert TransformerConfig(family=family).family == family
 
 
@@ -812,6 +814,6 @@ def test_gemma3_with_one_rope_for_every_layer_round_trips():
     config = torch_bridge.config_from_hf(GEMMA3_1B).replace(
         rope_scaling={"kind": "linear", "factor": 2.0}, local_rope_theta=None
     )
-    written = WRITERS["gemma3"](config)
+    written = ARCHITECTURES["gemma3"].hf_config(config)
     assert written["rope_parameters"]["sliding_attention"]["rope_type"] == "linear"
     assert torch_bridge.config_from_hf(transformers.AutoConfig.for_model(**written).to_dict()) == config

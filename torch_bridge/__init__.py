@@ -16,7 +16,7 @@ Example:
     16
 """
 
-from torch_bridge._archs import ARCHITECTURES, Architecture, architecture, seed_block_config
+from torch_bridge._archs import ARCHITECTURES, Architecture, architecture, architecture_of, seed_block_config
 from torch_bridge._call_torch import call_torch
 from torch_bridge._convert import ConversionReport, convert_state_dict, export_state_dict
 from torch_bridge._dlpack import to_jax, to_torch
@@ -42,6 +42,7 @@ __all__ = [
     "Table",
     "TensorSource",
     "architecture",
+    "architecture_of",
     "call_torch",
     "config_from_hf",
     "convert_state_dict",

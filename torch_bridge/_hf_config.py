@@ -1,30 +1,17 @@
 """Hugging Face ``config.json`` <-> ``jaxckpt.nn.TransformerConfig``, for every family.
 
 ``translate`` is the one entry: it finds the family of a config dict by its
-``model_type`` (``MODEL_TYPES``), sorts its fields into classes (``_hf_fields``: used,
-harmless, refused, unknown), and reads it (``READERS``). ``WRITERS`` go back. No field is
-silently dropped: an unknown one is listed, warned about once, or (``strict``) refused.
+``model_type`` (the ``ARCHITECTURES`` registry), sorts its fields into classes
+(``_hf_fields``: used, harmless, refused, unknown), and reads it (the family's ``read``);
+its ``hf_config`` goes back. No field is silently dropped: an unknown one is listed,
+warned about once, or (``strict``) refused.
 """
 
 import dataclasses
 from collections.abc import Mapping
 
+from torch_bridge._archs import architecture_of
 from torch_bridge._hf_fields import classify, report_unknown
-from torch_bridge._hf_readers import GPT2_ACTIVATIONS, MODEL_TYPES, READERS, gpt2_config, llama_config
-from torch_bridge._hf_writers import WRITERS, gpt2_hf_config, llama_hf_config
-
-__all__ = [
-    "GPT2_ACTIVATIONS",
-    "MODEL_TYPES",
-    "READERS",
-    "WRITERS",
-    "Translation",
-    "gpt2_config",
-    "gpt2_hf_config",
-    "llama_config",
-    "llama_hf_config",
-    "translate",
-]
 
 MULTIMODAL_NOTE = (
     "model_type='gemma3' is multimodal: only its language model (text_config) is read; the vision "
@@ -72,12 +59,8 @@ def translate(hf: Mapping, source: str = "config.json", *, strict: bool = False)
         ('qwen3', 128, True, [])
     """
     model_type = hf.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(
-            f"{source}: unknown architecture model_type={model_type!r}: no jaxckpt family reads it; "
-            f"torch_bridge reads {', '.join(MODEL_TYPES)}"
-        )
-    family = MODEL_TYPES[model_type]
+    arch = architecture_of(hf, source)
+    family = arch.name
     notes: list[str] = []
     unknown: list[str] = []
     if model_type == "gemma3":
@@ -90,7 +73,7 @@ def translate(hf: Mapping, source: str = "config.json", *, strict: bool = False)
     notes += found.notes
     unknown += [f"text_config.{u}" if model_type == "gemma3" else u for u in found.unknown]
     try:
-        fields = READERS[family](hf, notes)
+        fields = arch.read(hf, notes)
     except KeyError as err:
         raise ValueError(f"{source}: required field {err.args[0]!r} is missing") from err
     except ValueError as err:

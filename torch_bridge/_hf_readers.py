@@ -8,7 +8,7 @@ except the sizes of a top-level config, which are required (a missing one raises
 ``KeyError`` with its name).
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from torch_bridge._hf_common import flat_rope_params, layer_kind, period, read_layer_types, read_rope
 from torch_bridge._hf_fields import refusal
@@ -289,21 +289,3 @@ def gpt2_config(hf: dict, notes: list[str]) -> dict:
         mlp_bias=True,
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
     )
-
-
-READERS: dict[str, Callable[[dict, list[str]], dict]] = {
-    "llama": llama_config,
-    "mistral": mistral_config,
-    "qwen2": qwen2_config,
-    "qwen3": qwen3_config,
-    "gemma2": gemma2_config,
-    "gemma3": gemma3_config,
-    "phi3": phi3_config,
-    "smollm3": smollm3_config,
-    "gpt2": gpt2_config,
-}
-"""Family name -> ``(config dict, notes) -> TransformerConfig`` keyword arguments."""
-
-MODEL_TYPES: dict[str, str] = {name: name for name in READERS} | {"gemma3_text": "gemma3"}
-"""Hugging Face ``model_type`` -> family name. ``gemma3`` (multimodal) is read through its
-``text_config``."""

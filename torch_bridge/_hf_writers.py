@@ -6,8 +6,6 @@ and writes the transformers >= 5 form (``rope_parameters``, ``layer_types``) tha
 architecture (and ``_hf_readers`` to the same config).
 """
 
-from collections.abc import Callable
-
 from jaxckpt.nn import TransformerConfig
 from torch_bridge._hf_common import hf_layer_types, hf_rope, kinds_of
 
@@ -59,6 +57,12 @@ def _kinds(config: TransformerConfig, arch: str, *, sliding: str = "none", nope:
     return kinds
 
 
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""Written as None: a ``TransformerConfig`` does not know its tokenizer's ids, and the
+families' defaults (SmolLM3's pad 128004, say) may not even be in a small vocabulary.
+``save_hf(..., hf_fields=...)`` writes the real ones."""
+
+
 def _base(config: TransformerConfig, model_type: str, architecture: str, head_dim: bool = True) -> dict:
     out = {
         "architectures": [architecture],
@@ -77,6 +81,7 @@ def _base(config: TransformerConfig, model_type: str, architecture: str, head_di
         "attention_dropout": 0.0,
         "tie_word_embeddings": config.tie_embeddings,
         "dtype": config.param_dtype,
+        **dict.fromkeys(TOKEN_IDS),
     }
     if not head_dim:
         del out["head_dim"]
@@ -237,17 +242,3 @@ def gpt2_hf_config(config: TransformerConfig) -> dict:
         "tie_word_embeddings": config.tie_embeddings,
         "dtype": config.param_dtype,
     }
-
-
-WRITERS: dict[str, Callable[[TransformerConfig], dict]] = {
-    "llama": llama_hf_config,
-    "mistral": mistral_hf_config,
-    "qwen2": qwen2_hf_config,
-    "qwen3": qwen3_hf_config,
-    "gemma2": gemma2_hf_config,
-    "gemma3": gemma3_hf_config,
-    "phi3": phi3_hf_config,
-    "smollm3": smollm3_hf_config,
-    "gpt2": gpt2_hf_config,
-}
-"""Family name -> ``TransformerConfig -> config.json`` dict."""

@@ -87,6 +87,10 @@ class Table:
             buffers such as GPT-2's causal mask, or a tied head saved twice.
         optional_prefix: a prefix that some checkpoints leave out of the table's keys (GPT-2
             saved from ``GPT2Model`` lacks ``transformer.``). Written back in full.
+        aliases: ``(checkpoint prefix, table prefix)`` pairs: a key starting with the first
+            is read as if it started with the second (Gemma 3's multimodal checkpoints
+            nest the language model under ``model.language_model.``). Written back as the
+            table's.
 
     Example:
         >>> from torch_bridge import Rule, Table
@@ -99,6 +103,7 @@ class Table:
     rules: tuple[Rule, ...]
     ignore: tuple[str, ...] = ()
     optional_prefix: str = ""
+    aliases: tuple[tuple[str, str], ...] = ()
 
     def bind(self, targets: Mapping[str, tuple], n_layers: int) -> dict[str, tuple[Rule, int | None]]:
         """``{torch key: (rule, layer)}`` for every tensor the model with these target
@@ -112,9 +117,10 @@ class Table:
         return plan
 
     def resolve(self, key: str, plan: Mapping[str, object]) -> str:
-        """``key`` as the table writes it: with ``optional_prefix`` added when only that
-        form is in ``plan``."""
-        if key in plan or not self.optional_prefix:
+        """``key`` as the table writes it: with ``optional_prefix`` added, or an alias's
+        prefix replaced, when only that form is in ``plan``."""
+        if key in plan:
             return key
-        full = self.optional_prefix + key
-        return full if full in plan else key
+        candidates = [self.optional_prefix + key] if self.optional_prefix else []
+        candidates += [table + key[len(ours) :] for ours, table in self.aliases if key.startswith(ours)]
+        return next((c for c in candidates if c in plan), key)
