@@ -45,8 +45,8 @@ class Attention(nnx.Module):
         self.out_proj = make_dense(
             cfg, n * h, d, bias=cfg.attention_out_bias, rngs=rngs, axes=("heads", "embed")
         )
-        self.q_norm = make_norm(cfg, h) if cfg.qk_norm else None
-        self.k_norm = make_norm(cfg, h) if cfg.qk_norm else None
+        self.q_norm = make_norm(cfg, "head_dim") if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, "head_dim") if cfg.qk_norm else None
         self.heads = (n, k, h)
         self.config = cfg
 

@@ -12,7 +12,7 @@ EMBED_INIT = jax.nn.initializers.normal(stddev=0.02)
 LOGICAL_AXES = "logical_axes"
 """Parameter metadata key: the logical name of each of the parameter's axes.
 
-The names (``vocab``, ``positions``, ``embed``, ``heads``, ``kv_heads``, ``mlp``)
+The names (``vocab``, ``positions``, ``embed``, ``heads``, ``kv_heads``, ``mlp``, ``head_dim``)
 say what an axis means, not where it lives; ``jaxckpt.train``'s logical axis rules
 map them to mesh axes. Stacked layers add leading axes, named ``layers`` (see
 ``logical_axes``).
@@ -97,8 +97,10 @@ class RMSNorm(nnx.Module):
         [[1.0, -1.0]]
     """
 
-    def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
-        self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
+    def __init__(
+        self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32, axis: str = "embed"
+    ):
+        self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: (axis,)})
         self.eps = eps
         self.dtype = dtype
 
@@ -119,9 +121,11 @@ class LayerNorm(nnx.Module):
         [[-1.0, 1.0]]
     """
 
-    def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
-        self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
-        self.bias = nnx.Param(jnp.zeros((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
+    def __init__(
+        self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32, axis: str = "embed"
+    ):
+        self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: (axis,)})
+        self.bias = nnx.Param(jnp.zeros((features,), param_dtype), **{LOGICAL_AXES: (axis,)})
         self.eps = eps
         self.dtype = dtype
 
@@ -147,8 +151,10 @@ class GemmaRMSNorm(nnx.Module):
         [[1.0, -1.0]]
     """
 
-    def __init__(self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32):
-        self.scale = nnx.Param(jnp.zeros((features,), param_dtype), **{LOGICAL_AXES: ("embed",)})
+    def __init__(
+        self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32, axis: str = "embed"
+    ):
+        self.scale = nnx.Param(jnp.zeros((features,), param_dtype), **{LOGICAL_AXES: (axis,)})
         self.eps = eps
         self.dtype = dtype
 
@@ -163,13 +169,11 @@ NORMS = {Norm.RMS: RMSNorm, Norm.LAYER: LayerNorm, Norm.GEMMA_RMS: GemmaRMSNorm}
 """``Norm`` -> its module."""
 
 
-def make_norm(cfg: TransformerConfig, features: int | None = None) -> RMSNorm | LayerNorm | GemmaRMSNorm:
-    """The config's norm over ``features`` (default ``d_model``; ``head_dim`` for q/k norms)."""
+def make_norm(cfg: TransformerConfig, axis: str = "embed") -> RMSNorm | LayerNorm | GemmaRMSNorm:
+    """The config's norm over ``d_model`` (``axis="embed"``) or ``head_dim`` (the q/k norms)."""
+    features = {"embed": cfg.d_model, "head_dim": cfg.head_dim}[axis]
     return NORMS[cfg.norm](
-        cfg.d_model if features is None else features,
-        eps=cfg.norm_eps,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.storage_dtype,
+        features, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype, axis=axis
     )
 
 

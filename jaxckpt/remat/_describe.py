@@ -122,9 +122,9 @@ def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpe
 
     The list comes from ``jax.ad_checkpoint``'s saved-residual analysis of one remat
     segment of the block stack, so it is what JAX will really keep; parameters and
-    constants (the RoPE frequencies) are left out and ``count`` says how many segments keep each residual. Activations
-    outside the block stack (embedding, logits) do not depend on the spec and are not
-    listed.
+    constants (the RoPE frequencies) are left out and ``count`` says how many segments
+    keep each residual. Activations outside the block stack (embedding, logits) do not
+    depend on the spec and are not listed.
 
     Args:
         model: a ``jaxckpt.nn.Transformer`` (anything with ``remat_segments``).

@@ -32,6 +32,7 @@ LOGICAL_AXIS_RULES = {
     "heads": "fsdp",
     "kv_heads": "fsdp",
     "mlp": "fsdp",
+    "head_dim": None,  # the q/k norms' scales: a few hundred numbers, kept whole
     "layers": None,
     None: "fsdp",  # an axis without a name (a leaf the modules did not create)
 }
