@@ -87,6 +87,21 @@ def test_save_hf_gives_transformers_the_same_model(saved, tmp_path, family):
     assert torch_bridge.config_from_hf(written) == torch_bridge.config_from_hf(path)
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])  # the released key layout, and transformers 5's
+def test_the_text_model_of_a_multimodal_gemma3_loads(tmp_path, fmt):
+    torch_model = tm.tiny_gemma3_multimodal()
+    path = tm.save(torch_model, tmp_path / "ckpt", fmt)
+    options = {"config": tmp_path / "ckpt" / "config.json"} if fmt == "pt" else {}
+    converted = torch_bridge.read_checkpoint(path, **options)
+    assert converted.config.family == "gemma3" and any(
+        "only its language model" in n for n in converted.report.notes
+    )
+    assert any(key.startswith(("vision_tower", "model.vision_tower")) for key in converted.report.ignored)
+    ids = tm.tokens(length=13) % (tm.VOCAB - 3)  # no image tokens
+    ours, theirs = _logits(converted.model(), ids), tm.torch_logits(torch_model, ids)
+    assert np.abs(ours - theirs).max() <= LOGITS_ATOL
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", tm.FAMILIES)
 def test_training_steps_are_identical_under_every_remat(saved, family):

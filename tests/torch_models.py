@@ -209,3 +209,27 @@ def tiny_family(name: str, seed: int = 0, dtype=torch.float32):
     config = _family_config(name)
     config._attn_implementation = "eager"
     return _randomized(transformers.AutoModelForCausalLM.from_config(config), dtype)
+
+
+def tiny_gemma3_multimodal(seed: int = 0) -> "transformers.Gemma3ForConditionalGeneration":
+    """A tiny Gemma 3 with its image side (a one-layer SigLIP tower): the language model is
+    ``tiny_family("gemma3")``'s; jaxckpt reads only that part."""
+    torch.manual_seed(seed)
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    config = transformers.Gemma3Config(
+        text_config=_family_config("gemma3").to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        boi_token_index=VOCAB - 3,
+        eoi_token_index=VOCAB - 2,
+        image_token_index=VOCAB - 1,
+    )
+    config._attn_implementation = "eager"
+    return _randomized(transformers.Gemma3ForConditionalGeneration(config), torch.float32)
