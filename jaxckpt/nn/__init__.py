@@ -14,21 +14,28 @@ from jaxckpt.nn._activation_sharding import activation_sharding, constrain
 from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._build import from_params
+from jaxckpt.nn._choices import GATED, LAYER_KINDS, Activation, LayerKind, Norm, Positions, period
 from jaxckpt.nn._config import PRESETS, TransformerConfig
 from jaxckpt.nn._layers import Embedding, GemmaRMSNorm, LayerNorm, RMSNorm, logical_axes
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.nn._rope import apply_rope, rope_tables
-from jaxckpt.nn._stack import run_blocks
+from jaxckpt.nn._stack import run_blocks, segment_sizes
 from jaxckpt.nn._transformer import Transformer
 
 __all__ = [
+    "GATED",
+    "LAYER_KINDS",
     "MLP",
     "PRESETS",
+    "Activation",
     "Attention",
     "Block",
     "Embedding",
     "GemmaRMSNorm",
+    "LayerKind",
     "LayerNorm",
+    "Norm",
+    "Positions",
     "RMSNorm",
     "Transformer",
     "TransformerConfig",
@@ -37,6 +44,8 @@ __all__ = [
     "constrain",
     "from_params",
     "logical_axes",
+    "period",
     "rope_tables",
     "run_blocks",
+    "segment_sizes",
 ]
