@@ -8,15 +8,24 @@ forward FLOPs. Two questions are answered from the graph, for a set of saved tag
 
 The residuals the backward pass reads (``LayerGraph.reads``) are those of JAX's own
 autodiff rules for the ops in ``jaxckpt.nn``: a matmul's weight gradient reads its
-input, a norm reads its input, SwiGLU reads gate and up, the flash backward reads
-q, k, v (after RoPE), the output and the log-sum-exp.
+input, a norm reads its input (or keeps its own fp32 copy of it), a gated MLP reads
+gate and up, the flash backward reads q, k, v (after q/k norm and RoPE), the output
+and the log-sum-exp. The config's choices (``nn.Norm``, ``nn.Activation``,
+``nn.Positions``) select rows of the tables below, never strings.
+
+Layers that differ (``config.layer_pattern``: sliding windows, NoPE layers) share one
+graph: its bytes are those of the largest kind (a RoPE layer keeps its rotated q and k
+and the tables; a window changes no residual of the blockwise kernel), its FLOPs the
+mean over the stack's layers, so ``n_layers x`` a graph's FLOPs is the stack's sum.
+``layer_graph(workload, kind)`` gives one kind's own graph.
 """
 
 import dataclasses
 import functools
+from types import MappingProxyType
 
 from jaxckpt.attention import BlockSizes, implementations
-from jaxckpt.nn import TransformerConfig
+from jaxckpt.nn import GATED, Activation, LayerKind, Norm, Positions, TransformerConfig
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import Tag
 
@@ -153,16 +162,127 @@ class LayerGraph:
         return sum(self.values[name].nbytes for name in kept) + self.internals
 
 
-def attention_flops(cfg: TransformerConfig, batch: int, seq: int) -> int:
-    """Forward FLOPs of causal attention: QK^T and PV over the visible half of T x T."""
-    visible = seq * (seq + 1) // 2
-    return 4 * batch * cfg.n_heads * visible * cfg.head_dim
+NORM_FLOPS = 5
+"""Forward FLOPs per normalised element (square, mean, rsqrt, scale, product)."""
+
+SOFTCAP_FLOPS = 3
+"""Forward FLOPs per capped logit: ``cap * tanh(s / cap)``."""
+
+SOFTCAP_TILES = 2
+"""Score tiles the blockwise backward holds beyond the probabilities when the logits are
+capped (the capped logits' tanh and its derivative)."""
+
+FULL = LayerKind()
+"""A layer of full attention with RoPE (when the config has RoPE): every uniform stack's kind."""
 
 
-def layer_graph(workload: Workload) -> LayerGraph:
+def _rms_residuals(itemsize: int, rows: int, width: int) -> tuple[int, bool]:
+    """RMSNorm keeps two fp32 row statistics and the normalised input (fp32, and its cast to
+    a 16-bit compute dtype); in 16 bits its own fp32 copy of the input instead of the input."""
+    stats = 2 * rows * 4
+    if itemsize == 4:
+        return rows * width * 4 + stats, True
+    return rows * width * (4 + itemsize) + stats, False
+
+
+def _gemma_rms_residuals(itemsize: int, rows: int, width: int) -> tuple[int, bool]:
+    """Gemma's ``(1 + w)`` RMSNorm: as RMSNorm, but the normalised input stays fp32 for the
+    product, so in 16 bits it keeps two fp32 tensors (the input's copy and the normalised)."""
+    stats = 2 * rows * 4
+    if itemsize == 4:
+        return rows * width * 4 + stats, True
+    return rows * width * 8 + stats, False
+
+
+def _layer_norm_residuals(itemsize: int, rows: int, width: int) -> tuple[int, bool]:
+    """LayerNorm keeps ``x - mean``, its square and the normalised x (fp32) and two row
+    statistics, never its input."""
+    return 3 * rows * width * 4 + 2 * rows * 4, False
+
+
+NORM_RESIDUALS = MappingProxyType(
+    {Norm.RMS: _rms_residuals, Norm.GEMMA_RMS: _gemma_rms_residuals, Norm.LAYER: _layer_norm_residuals}
+)
+"""``nn.Norm`` -> ``(itemsize, rows, width) -> (bytes)`` autodiff keeps inside one norm over
+``width`` features of ``rows`` rows, and whether it also keeps the norm's input."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationCost:
+    """What an MLP activation costs, in ``[n, F]`` tensors of the compute dtype and FLOPs.
+
+    Attributes:
+        internals: tensors autodiff keeps inside the activation without remat.
+        held: those a recomputed layer holds during its backward pass (XLA fuses plain
+            elementwise chains into the gradient, but keeps the outputs of the jitted
+            ``jax.nn.silu``).
+        flops: forward FLOPs per element, the gating product included.
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> costs = ACTIVATION_COSTS
+        >>> costs[nn.Activation.GEGLU_TANH].internals > costs[nn.Activation.SWIGLU].internals
+        True
+    """
+
+    internals: int
+    held: int
+    flops: int
+
+
+ACTIVATION_COSTS = MappingProxyType(
+    {
+        Activation.SWIGLU: ActivationCost(internals=3, held=3, flops=6),
+        # the tanh GELU's four (x^3 term, tanh, 1 - tanh^2, a product) and its output, for the gate product
+        Activation.GEGLU_TANH: ActivationCost(internals=5, held=0, flops=9),
+        Activation.GELU_TANH: ActivationCost(internals=4, held=0, flops=8),
+        Activation.GELU: ActivationCost(internals=2, held=0, flops=8),
+    }
+)
+"""``nn.Activation`` -> its ``ActivationCost``."""
+
+
+def visible_pairs(seq: int, window: int | None, causal: bool) -> int:
+    """The (query, key) pairs attention computes over one sequence of ``seq`` tokens.
+
+    Causal, query t sees ``min(window, t + 1)`` keys (every earlier one without a window);
+    not causal, the window reaches ``window - 1`` keys to each side.
+
+    Example:
+        >>> visible_pairs(4, None, True), visible_pairs(4, 2, True), visible_pairs(4, None, False)
+        (10, 7, 16)
+    """
+    reach = seq if window is None else min(window, seq)
+    back = reach * (reach + 1) // 2 + (seq - reach) * reach  # sum over t of min(reach, t + 1)
+    return back if causal else 2 * back - seq
+
+
+def attention_flops(cfg: TransformerConfig, batch: int, seq: int, kind: LayerKind = FULL) -> int:
+    """Forward FLOPs of one layer of ``kind``'s attention: QK^T and PV over the visible
+    pairs (a sliding layer's window of W keys sees ``min(W, t)`` of them), and the logit
+    soft cap's.
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", sliding_window=64)
+        >>> attention_flops(cfg, 1, 512, nn.LAYER_KINDS["sliding"]) < attention_flops(cfg, 1, 512)
+        True
+    """
+    window = cfg.sliding_window if kind.sliding else None
+    pairs = batch * cfg.n_heads * visible_pairs(seq, window, cfg.causal)
+    cap = SOFTCAP_FLOPS * pairs if cfg.attention_softcap is not None else 0
+    return 4 * pairs * cfg.head_dim + cap
+
+
+def layer_graph(workload: Workload, kind: LayerKind | None = None) -> LayerGraph:
     """The graph of one layer of ``workload.config`` on one device: ``[B / D, T]``.
 
     Only the model, the local batch and the sequence length matter (one micro-batch).
+
+    Args:
+        workload: the step.
+        kind: one layer kind's own graph; None: the stack's (the bytes of its largest
+            kind, the FLOPs of its mean layer; see the module).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -173,93 +293,144 @@ def layer_graph(workload: Workload) -> LayerGraph:
         >>> g.recompute_flops({Tag.MLP_ACT}) < g.recompute_flops(set())
         True
     """
-    return _layer_graph(workload.config, workload.local_batch, workload.seq)
+    kinds = workload.config.layer_kinds if kind is None else (kind,)
+    return _layer_graph(workload.config, workload.local_batch, workload.seq, kinds)
+
+
+@dataclasses.dataclass
+class _Parts:
+    """A layer graph under construction."""
+
+    values: list[Value] = dataclasses.field(default_factory=list)
+    ops: list[Op] = dataclasses.field(default_factory=list)
+    reads: set[str] = dataclasses.field(default_factory=set)
+    unkept: set[str] = dataclasses.field(default_factory=set)
+    internals: int = 0
+    held: int = 0
+
+
+def _projection(
+    parts: _Parts,
+    cfg: TransformerConfig,
+    name: str,
+    src: str,
+    dst: str,
+    tag: Tag,
+    rows: int,
+    widths: tuple[int, int],
+    bias: bool,
+) -> None:
+    """``dst = src @ W (+ b)``; its weight gradient reads ``src``."""
+    d_in, d_out = widths
+    parts.values.append(Value(dst, tag, rows * d_out * cfg.compute_dtype.itemsize))
+    parts.ops.append(Op(name, (src,), (dst,), 2 * rows * d_in * d_out + (rows * d_out if bias else 0)))
+    parts.reads.add(src)
+
+
+def _norm(
+    parts: _Parts,
+    cfg: TransformerConfig,
+    name: str,
+    src: str,
+    dst: str,
+    rows: int,
+    width: int,
+    tag: Tag | None = None,
+) -> None:
+    """``dst = norm(src)`` over ``width`` features of ``rows`` rows (a d_model norm, or a
+    q/k norm over head_dim per head)."""
+    itemsize = cfg.compute_dtype.itemsize
+    parts.values.append(Value(dst, tag, rows * width * itemsize))
+    parts.ops.append(Op(name, (src,), (dst,), NORM_FLOPS * rows * width))
+    kept, keeps_input = NORM_RESIDUALS[cfg.norm](itemsize, rows, width)
+    parts.internals += kept
+    parts.held += rows * width * 4 + 2 * rows * 4  # the normalised input, held in a recomputed backward
+    parts.reads.add(src)
+    if not keeps_input:
+        parts.unkept.add(src)
+
+
+def _attention(
+    parts: _Parts, cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[LayerKind, ...]
+) -> None:
+    """q, k, v from ``n1``; q/k norm; RoPE (on the rotary dims); attention; ``p`` the output projection."""
+    n, e, h = batch * seq, cfg.compute_dtype.itemsize, cfg.head_dim
+    nh, kh = cfg.n_heads * h, cfg.n_kv_heads * h
+    for name, tag, width in (("q", Tag.Q_PROJ, nh), ("k", Tag.K_PROJ, kh), ("v", Tag.V_PROJ, kh)):
+        _projection(parts, cfg, f"{name}_proj", "n1", name, tag, n, (cfg.d_model, width), cfg.attention_bias)
+    q, k = "q", "k"
+    if cfg.qk_norm:
+        _norm(parts, cfg, "q_norm", "q", "qn", n * cfg.n_heads, h)
+        _norm(parts, cfg, "k_norm", "k", "kn", n * cfg.n_kv_heads, h)
+        q, k = "qn", "kn"
+    roped = [kind.rope and cfg.positions == Positions.ROPE for kind in kinds]
+    if any(roped):  # NoPE layers skip it: the mean over the stack's layers
+        parts.values += [Value("qr", None, n * nh * e), Value("kr", None, n * kh * e)]
+        flops = 3 * n * (cfg.n_heads + cfg.n_kv_heads) * cfg.rotary_dim
+        parts.ops.append(Op("rope", (q, k), ("qr", "kr"), round(flops * sum(roped) / len(roped))))
+        parts.internals += 4 * seq * cfg.rotary_dim * 4  # the broadcast cos / sin tables, fp32
+        q, k = "qr", "kr"
+    flash = not materializes_scores(cfg.attention)
+    outputs = ("o", "lse") if flash else ("o",)
+    parts.values.append(Value("o", Tag.ATTN_OUT if flash else None, n * nh * e))
+    if flash:
+        parts.values.append(Value("lse", Tag.ATTN_LSE, n * cfg.n_heads * 4))
+    flops = sum(attention_flops(cfg, batch, seq, kind) for kind in kinds) / len(kinds)
+    parts.ops.append(Op("attention", (q, k, "v"), outputs, round(flops)))
+    parts.reads.update((q, k, "v", *outputs))
+    _projection(parts, cfg, "out_proj", "o", "p", Tag.OUT_PROJ, n, (nh, cfg.d_model), cfg.attention_out_bias)
+
+
+def _score_tile(cfg: TransformerConfig, batch: int, seq: int) -> int:
+    """Bytes of attention scores in flight in the backward pass (see ``LayerGraph.attention_tile``)."""
+    capped = cfg.attention_softcap is not None
+    if materializes_scores(cfg.attention):  # autodiff keeps scores and probabilities (and the tanh), fp32
+        return (2 + capped) * batch * cfg.n_heads * seq * seq * 4
+    blocks = BlockSizes.auto(batch * cfg.n_heads).clamp(seq, seq)
+    return (1 + SOFTCAP_TILES * capped) * batch * cfg.n_heads * blocks.block_q * blocks.block_k * 4
+
+
+def _mlp(parts: _Parts, cfg: TransformerConfig, n: int) -> None:
+    """up (and gate) from ``n2``, the activation ``a``, ``down``."""
+    d, f = cfg.d_model, cfg.ffn_dim
+    act_in = ("u",)
+    if cfg.activation in GATED:
+        _projection(parts, cfg, "gate", "n2", "g", Tag.MLP_GATE, n, (d, f), cfg.mlp_bias)
+        act_in = ("g", "u")
+    _projection(parts, cfg, "up", "n2", "u", Tag.MLP_UP, n, (d, f), cfg.mlp_bias)
+    cost = ACTIVATION_COSTS[cfg.activation]
+    parts.values.append(Value("a", Tag.MLP_ACT, n * f * cfg.compute_dtype.itemsize))
+    parts.ops.append(Op("act", act_in, ("a",), cost.flops * n * f))
+    parts.reads.update(act_in)
+    parts.internals += cost.internals * n * f * cfg.compute_dtype.itemsize
+    parts.held += cost.held * n * f * cfg.compute_dtype.itemsize
+    _projection(parts, cfg, "down", "a", "down", Tag.MLP_DOWN, n, (f, d), cfg.mlp_bias)
 
 
 @functools.lru_cache(maxsize=256)
-def _layer_graph(cfg: TransformerConfig, batch: int, seq: int) -> LayerGraph:
-    """``layer_graph`` at ``[batch, seq]`` (one device's batch)."""
-    n = batch * seq
-    e = cfg.compute_dtype.itemsize
-    flash = not materializes_scores(cfg.attention)
-    d, f = cfg.d_model, cfg.ffn_dim
-    nh, kh = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    values = [
-        Value("x", Tag.LAYER_INPUT, n * d * e),
-        Value("n1", Tag.NORM_OUT, n * d * e),
-        Value("q", Tag.Q_PROJ, n * nh * e),
-        Value("k", Tag.K_PROJ, n * kh * e),
-        Value("v", Tag.V_PROJ, n * kh * e),
-        Value("o", Tag.ATTN_OUT if flash else None, n * nh * e),
-        Value("p", Tag.OUT_PROJ, n * d * e),
-        Value("x1", None, n * d * e),
-        Value("n2", Tag.NORM_OUT, n * d * e),
-        Value("u", Tag.MLP_UP, n * f * e),
-        Value("a", Tag.MLP_ACT, n * f * e),
-        Value("down", Tag.MLP_DOWN, n * d * e),
-    ]
-    bias = 2 * n if cfg.attention_bias else 0
-    norm = 5 * n * d
-    ops = [
-        Op("norm1", ("x",), ("n1",), norm),
-        Op("q_proj", ("n1",), ("q",), 2 * n * d * nh + bias * nh // 2),
-        Op("k_proj", ("n1",), ("k",), 2 * n * d * kh + bias * kh // 2),
-        Op("v_proj", ("n1",), ("v",), 2 * n * d * kh + bias * kh // 2),
-    ]
-    attn_in = ("q", "k")
-    # the internals of the activation's autodiff: silu keeps three [n, F] tensors, the tanh
-    # GELU four (x^3 term, tanh, 1 - tanh^2 and a product), the exact GELU two
-    mlp_internals = {"swiglu": 3, "gelu_tanh": 4}.get(cfg.activation, 2) * n * f * e
-    if cfg.norm == "layer":  # each LayerNorm keeps x - mean, its square and the normalised x (fp32)
-        internals = 2 * (3 * n * d * 4 + 2 * n * 4)
-        unkept = frozenset({"x", "x1"})
-    else:  # each RMSNorm keeps its input in fp32 (when it is not) and the normalised input
-        internals = 2 * (n * d * (e + (4 if e != 4 else 0)) + 2 * n * 4)
-        unkept = frozenset()
-    if cfg.positions == "rope":
-        values += [Value("qr", None, n * nh * e), Value("kr", None, n * kh * e)]
-        ops.append(Op("rope", ("q", "k"), ("qr", "kr"), 3 * n * (nh + kh)))
-        attn_in = ("qr", "kr")
-        internals += 4 * seq * cfg.head_dim * 4  # the broadcast cos / sin tables
-    attn_out = ("o", "lse") if flash else ("o",)
-    if flash:
-        values.append(Value("lse", Tag.ATTN_LSE, n * cfg.n_heads * 4))
-    ops += [
-        Op("attention", (*attn_in, "v"), attn_out, attention_flops(cfg, batch, seq)),
-        Op("out_proj", ("o",), ("p",), 2 * n * nh * d + bias * d // 2),
-        Op("residual", ("x", "p"), ("x1",), n * d),
-        Op("norm2", ("x1",), ("n2",), norm),
-    ]
-    mlp_bias = 2 * n if cfg.mlp_bias else 0
-    if cfg.activation == "swiglu":
-        values.append(Value("g", Tag.MLP_GATE, n * f * e))
-        ops += [
-            Op("gate", ("n2",), ("g",), 2 * n * d * f + mlp_bias * f // 2),
-            Op("up", ("n2",), ("u",), 2 * n * d * f + mlp_bias * f // 2),
-            Op("act", ("g", "u"), ("a",), 6 * n * f),
-        ]
-        mlp_reads = {"g", "u", "a"}
-    else:
-        ops += [
-            Op("up", ("n2",), ("u",), 2 * n * d * f + mlp_bias * f // 2),
-            Op("act", ("u",), ("a",), 8 * n * f),
-        ]
-        mlp_reads = {"u", "a"}
-    ops.append(Op("down", ("a",), ("down",), 2 * n * f * d + mlp_bias * d // 2))
-    reads = {"x", "n1", *attn_in, "v", *attn_out, "x1", "n2", *mlp_reads}
-    if flash:
-        blocks = BlockSizes.auto(batch * cfg.n_heads).clamp(seq, seq)
-        tile = batch * cfg.n_heads * blocks.block_q * blocks.block_k * 4
-    else:  # autodiff of the materialised softmax keeps scores and probabilities, fp32
-        tile = 2 * batch * cfg.n_heads * seq * seq * 4
-        internals += tile
+def _layer_graph(cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[LayerKind, ...]) -> LayerGraph:
+    """``layer_graph`` at ``[batch, seq]`` (one device's batch), over the layers of ``kinds``."""
+    n, d = batch * seq, cfg.d_model
+    parts = _Parts(values=[Value("x", Tag.LAYER_INPUT, n * d * cfg.compute_dtype.itemsize)])
+    _norm(parts, cfg, "norm1", "x", "n1", n, d, Tag.NORM_OUT)
+    _attention(parts, cfg, batch, seq, kinds)
+    out = "p"
+    if cfg.post_norms:  # Gemma: x + post(attn(pre(x))), and the same around the MLP
+        _norm(parts, cfg, "post_norm1", "p", "pn", n, d)
+        out = "pn"
+    parts.values.append(Value("x1", None, n * d * cfg.compute_dtype.itemsize))
+    parts.ops.append(Op("residual", ("x", out), ("x1",), n * d))
+    _norm(parts, cfg, "norm2", "x1", "n2", n, d, Tag.NORM_OUT)
+    _mlp(parts, cfg, n)
+    if cfg.post_norms:
+        _norm(parts, cfg, "post_norm2", "down", "dn", n, d)
+    tile = _score_tile(cfg, batch, seq)
     return LayerGraph(
-        values={v.name: v for v in values},
-        ops=tuple(ops),
-        reads=frozenset(reads),
-        internals=internals + mlp_internals,
+        values={v.name: v for v in parts.values},
+        ops=tuple(parts.ops),
+        reads=frozenset(parts.reads),
+        internals=parts.internals + (tile if materializes_scores(cfg.attention) else 0),
         attention_tile=tile,
-        unkept_reads=unkept,
-        recompute_internals=2 * (n * d * 4 + 2 * n * 4)
-        + (mlp_internals if cfg.activation == "swiglu" else 0),
+        unkept_reads=frozenset(parts.unkept),
+        recompute_internals=parts.held,
     )
