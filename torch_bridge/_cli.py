@@ -18,11 +18,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from jaxckpt.nn import Block, TransformerConfig
+from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpoint, save_checkpoint
 from torch_bridge._archs import ARCHITECTURES, architecture
-from torch_bridge._convert import export_order, export_state_dict
-from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of, write_hf
+from torch_bridge._convert import export_order, export_state_dict, flatten, listing, model_class, unflatten
+from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of
+from torch_bridge._save import write_hf
 from torch_bridge._sources import find_config, open_tensors
 from torch_bridge._verify import verify
 from torch_bridge._writers import atomic_output, write_torch_file
@@ -60,7 +61,12 @@ def add_parser(sub) -> None:
     p.add_argument("dst", help="where to write (never replaced without --force)")
     p.add_argument("--arch", default="auto", choices=("auto", *ARCHITECTURES), help="default: the config's")
     p.add_argument("--to", default="jax", choices=("jax", "torch"), help="direction (default: jax)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), help="cast the parameters (default: keep them)")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="cast every parameter (default: each keeps its fp32/bf16/fp16 dtype; others are cast to the "
+        "checkpoint's dtype); every cast is listed as dtype_changes",
+    )
     p.add_argument(
         "--config",
         metavar="CONFIG_JSON",
@@ -132,6 +138,8 @@ def to_jax(args: argparse.Namespace) -> dict:
             "config": converted.config.to_dict(),
             "source": src.name,
             "report": converted.report.to_dict(),
+            "param_dtypes": {path: str(a.dtype) for path, a in flatten(converted.params).items()},
+            "hf_fields": converted.hf_fields,
         }
         save_checkpoint(tmp, 0, converted.params, meta)
         seconds = time.perf_counter() - start
@@ -139,29 +147,41 @@ def to_jax(args: argparse.Namespace) -> dict:
     return _summary(src, dst, "jax", converted.arch.name, converted.report.converted, nbytes, seconds, meta)
 
 
-def _restore(src: Path) -> tuple[str, TransformerConfig, dict]:
-    """``(arch, config, params)`` of a jaxckpt checkpoint directory (converted or trained)."""
+def _restore(src: Path) -> tuple[str, TransformerConfig, dict, dict]:
+    """``(arch, config, params, meta)`` of a jaxckpt checkpoint directory (converted or
+    trained). A converted one's parameters come back in the dtypes they were stored in
+    (``jaxckpt.json``'s ``param_dtypes``: fp32 norms stay fp32 beside bf16 matrices)."""
     meta = read_meta(src)
     if "config" not in meta:
         raise ValueError(f"{src}: not a jaxckpt checkpoint directory (no jaxckpt.json with a config)")
     config = TransformerConfig.from_dict(meta["config"])
     arch = architecture(meta.get("arch", config.family))
-    if arch.block:
-        abstract = nnx.state(nnx.eval_shape(lambda: Block(config, rngs=nnx.Rngs(0))), nnx.Param)
-        return arch.name, config, nnx.to_pure_dict(restore_checkpoint(src, abstract)[1])
-    model = initial_model(config, 0, src)
-    return arch.name, config, nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    if not arch.block and meta.get("kind") != PARAMS_KIND:  # a trained checkpoint: model + optimizer
+        model = initial_model(config, 0, src)
+        return arch.name, config, nnx.to_pure_dict(nnx.state(model, nnx.Param)), meta
+    cls = model_class(arch)
+    abstract = nnx.state(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))), nnx.Param)
+    stored = meta.get("param_dtypes", {})
+    shapes = {
+        path: jax.ShapeDtypeStruct(a.shape, stored.get(path, a.dtype))
+        for path, a in flatten(nnx.to_pure_dict(abstract)).items()
+    }
+    nnx.replace_by_pure_dict(abstract, unflatten(shapes))
+    return arch.name, config, nnx.to_pure_dict(restore_checkpoint(src, abstract)[1]), meta
 
 
 def to_torch(args: argparse.Namespace) -> dict:
     """``--to torch``: writes a jaxckpt checkpoint as a Hugging Face directory (or a .pt)."""
     src, dst = Path(args.src), Path(args.dst)
-    arch, config, params = _restore(src)
+    arch, config, params, stored = _restore(src)
+    order = export_order(arch, config)
+    casts = []
     if args.dtype is not None:
         name = DTYPES[args.dtype]
+        casts = _casts(order, params, name)
         params = jax.tree.map(lambda a: np.asarray(a).astype(name), params)
         config = config.replace(dtype=name, param_dtype=name)
-    total = len(export_order(arch, config))
+    total = len(order)
     start = time.perf_counter()
     with _progress(total, not args.json, "exporting") as tick:
         if arch == "seed-block":
@@ -170,10 +190,19 @@ def to_torch(args: argparse.Namespace) -> dict:
             write_torch_file(dst, _ticking(export_state_dict(params, arch, config), tick))
         else:
             options = dict(max_shard_size=args.max_shard_size, force=args.force, on_tensor=tick)
-            write_hf(params, config, dst, **options)
+            write_hf(params, config, dst, hf_fields=stored.get("hf_fields"), **options)
     nbytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
-    meta = {"report": _verified(dst, arch, config, params) if args.verify else {}}
+    meta = {
+        "report": (_verified(dst, arch, config, params) if args.verify else {}) | {"dtype_changes": casts}
+    }
     return _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, meta)
+
+
+def _casts(order, params: dict, name: str) -> list[tuple[str, str, str]]:
+    """``(torch key, from, to)`` of every tensor ``--to torch --dtype`` casts."""
+    flat = flatten(params)
+    found = [(key, {str(flat[p].dtype) for p in rule.jax}) for key, rule, _ in order]
+    return [(key, "+".join(sorted(dtypes)), name) for key, dtypes in found if dtypes != {name}]
 
 
 def _verified(dst: Path, arch: str, config: TransformerConfig, params: dict) -> dict:
@@ -225,6 +254,21 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     for key in REPORTED:
         if key in result:
-            console.print(f"{key}: {result[key]}")
+            console.print(f"{key}: {result[key]}" if key != "dtype_changes" else _casts_shown(result[key]))
     console.print(f"wrote {result['dst']}")
     return 0
+
+
+def _casts_shown(casts: list) -> str:
+    """``dtype_changes`` for people: one line per ``from -> to``, counted, tensors listed
+    (``LIST_AT_MOST``; ``--json`` lists them all).
+
+    Example:
+        >>> print(_casts_shown([("a", "float32", "bfloat16"), ("b", "float32", "bfloat16")]))
+        dtype_changes: 2 tensor(s) cast float32 -> bfloat16: a, b
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    for key, source, target in casts:
+        groups.setdefault((source, target), []).append(key)
+    lines = [f"{len(keys)} tensor(s) cast {a} -> {b}: {listing(keys)}" for (a, b), keys in groups.items()]
+    return "dtype_changes: " + "\n  ".join(lines)

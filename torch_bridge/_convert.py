@@ -2,19 +2,28 @@
 at a time, with a ``ConversionReport`` of everything that did not map cleanly."""
 
 import dataclasses
+import functools
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from flax import nnx
 
 from jaxckpt.nn import Block, Transformer, TransformerConfig
 from torch_bridge._archs import Architecture, architecture
-from torch_bridge._dlpack import tensor_to_numpy
+from torch_bridge._dlpack import numpy_dtype, tensor_to_numpy
 from torch_bridge._table import Rule
 
 LIST_AT_MOST = 8  # entries of each kind an error message lists
+
+KEPT_DTYPES = frozenset(np.dtype(d) for d in (np.float32, ml_dtypes.bfloat16, np.float16))
+"""The float dtypes a parameter keeps when no dtype is asked for (``keep_dtypes=True``): the
+modules cast each parameter to the compute dtype at use, so fp32 norm scales next to bf16
+kernels run. Any other dtype (float64, integers, float8) is cast to ``config.param_dtype``."""
 
 
 @dataclasses.dataclass
@@ -26,7 +35,9 @@ class ConversionReport:
         missing: keys the model needs that the checkpoint lacks.
         unexpected: keys the checkpoint has that no rule reads and none ignores.
         mismatched: ``(key, expected shape, found shape)``.
-        dtype_changes: ``(key, from dtype, to dtype)``: the tensor was cast.
+        files: the weight file of each mismatched tensor, when the checkpoint is sharded
+            (a ``TensorSource`` over several files).
+        dtype_changes: ``(key, from dtype, to dtype)``: every tensor that was cast.
         ignored: keys known to hold no parameter (buffers, a tied head saved twice).
         notes: config fields not carried over, e.g. dropout.
         unknown_fields: config fields in no known class (``name=value``): ignored, and
@@ -47,6 +58,7 @@ class ConversionReport:
     missing: list[str] = dataclasses.field(default_factory=list)
     unexpected: list[str] = dataclasses.field(default_factory=list)
     mismatched: list[tuple[str, tuple, tuple]] = dataclasses.field(default_factory=list)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
     dtype_changes: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     ignored: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -59,10 +71,13 @@ class ConversionReport:
         out = []
         for name, items in (("unexpected", self.unexpected), ("missing", self.missing)):
             if items and not (name == "missing" and allow_missing):
-                out.append(f"{len(items)} {name} tensor(s): {_listing(items)}")
+                out.append(f"{len(items)} {name} tensor(s): {listing(items)}")
         if self.mismatched:
-            shapes = [f"{k} expected {tuple(e)} found {tuple(f)}" for k, e, f in self.mismatched]
-            out.append(f"{len(shapes)} shape mismatch(es): {_listing(shapes)}")
+            where = {k: f" in {Path(f).name}" for k, f in self.files.items()}
+            shapes = [
+                f"{k} expected {tuple(e)} found {tuple(f)}" + where.get(k, "") for k, e, f in self.mismatched
+            ]
+            out.append(f"{len(shapes)} shape mismatch(es): {listing(shapes)}")
         return out
 
     def check(self, allow_missing: bool = False, source: str = "state_dict") -> None:
@@ -77,7 +92,8 @@ class ConversionReport:
         return dataclasses.asdict(self)
 
 
-def _listing(items: list[str]) -> str:
+def listing(items: list[str]) -> str:
+    """``items`` joined by commas, at most ``LIST_AT_MOST`` of them and how many more."""
     more = f", ... ({len(items) - LIST_AT_MOST} more)" if len(items) > LIST_AT_MOST else ""
     return ", ".join(items[:LIST_AT_MOST]) + more
 
@@ -143,26 +159,76 @@ def _shape(state_dict: Mapping, key: str) -> tuple[int, ...]:
     return tuple(shape(key)) if callable(shape) else tuple(np.shape(state_dict[key]))
 
 
+def _dtype(state_dict: Mapping, key: str) -> np.dtype:
+    """The numpy dtype of tensor ``key``: from the header of a ``TensorSource``, else the value's."""
+    dtype = getattr(state_dict, "dtype", None)
+    if callable(dtype):
+        return np.dtype(dtype(key))
+    value = state_dict[key]
+    found = numpy_dtype(value.dtype) if hasattr(value, "detach") else None
+    return found if found is not None else as_numpy(value).dtype
+
+
+def common_dtype(dtypes: Iterable) -> np.dtype:
+    """The dtype that holds every one of ``dtypes`` exactly (JAX's standard promotion:
+    bf16 with fp16 is fp32).
+
+    Example:
+        >>> str(common_dtype([ml_dtypes.bfloat16, np.float16])), str(common_dtype([np.float16]))
+        ('float32', 'float16')
+    """
+    with jax.numpy_dtype_promotion("standard"):
+        return np.dtype(functools.reduce(jnp.promote_types, sorted(set(map(np.dtype, dtypes)), key=str)))
+
+
+def _source_name(state_dict: Mapping) -> str:
+    """How errors name a checkpoint: its one file, or the directory of its shards."""
+    files = getattr(state_dict, "files", ())
+    if not files:
+        return "state_dict"
+    return str(files[0]) if len(files) == 1 else str(Path(files[0]).parent)
+
+
+def _kept_dtypes(state_dict: Mapping, wanted: Mapping[str, str], plan: Mapping, shapes: Mapping) -> dict:
+    """Parameter path -> the dtype it is stored in when tensors keep their dtypes: each
+    tensor's own if in ``KEPT_DTYPES``, else the config's; the common dtype when the tensors
+    of one parameter (the layers of a stack) differ."""
+    found: dict[str, set] = {}
+    for key, full in wanted.items():
+        rule, _ = plan[full]
+        dtype = _dtype(state_dict, key)
+        for path in rule.jax:
+            own = dtype if dtype in KEPT_DTYPES else np.dtype(shapes[path].dtype)
+            found.setdefault(path, set()).add(own)
+    return {path: common_dtype(dtypes) for path, dtypes in found.items()}
+
+
 def convert_state_dict(
     state_dict: Mapping,
     arch: "str | Architecture",
     config: TransformerConfig,
     *,
     allow_missing: bool = False,
+    keep_dtypes: bool = False,
     on_tensor: Callable[[str, int], None] | None = None,
 ) -> tuple[dict, ConversionReport]:
     """Converts a torch state_dict to jaxckpt parameters, one tensor at a time.
 
     Shapes are checked first (from headers, for a ``TensorSource``), so a mismatch
     fails before any data is read. Each tensor is then read once and written into its
-    place in the stacked parameters (cast to ``config.param_dtype``; bf16 stays bf16
-    when the config says bf16).
+    place in the stacked parameters, cast to ``config.param_dtype`` (bf16 stays bf16
+    when the config says bf16) or, with ``keep_dtypes``, in its own dtype when that is
+    one of ``KEPT_DTYPES`` (fp32 norms stay fp32 beside bf16 matrices). Every cast is
+    listed in the report's ``dtype_changes``.
 
     Args:
         state_dict: key -> torch tensor or numpy array; or a streaming ``TensorSource``.
         arch: ``"llama"``, ``"gpt2"``, ``"seed-block"`` or an ``Architecture``.
         config: the model's config (see ``config_from_hf``).
         allow_missing: keep missing parameters at zero instead of raising.
+        keep_dtypes: keep each fp32/bf16/fp16 tensor's dtype; cast the others (float64,
+            integers, float8) to ``config.param_dtype``. A stacked parameter whose layers'
+            tensors differ in dtype takes their common dtype (``common_dtype``).
         on_tensor: called as ``on_tensor(key, nbytes)`` after each tensor (progress bars).
 
     Returns:
@@ -170,22 +236,27 @@ def convert_state_dict(
         ``nnx.replace_by_pure_dict`` takes for the model's ``nnx.Param`` state.
 
     Raises:
-        ValueError: naming the unexpected, missing (unless allowed) and mismatched tensors.
+        ValueError: naming the checkpoint (its file, or the directory of its shards), and
+            the unexpected, missing (unless allowed) and mismatched tensors (with both
+            shapes, and the shard file of each in a sharded checkpoint).
 
     Example:
         >>> import numpy as np
         >>> from torch_bridge import convert_state_dict, seed_block_config
         >>> cfg = seed_block_config(4, 2)
-        >>> sd = {k: np.ones(s) for k, s in {"ln1.weight": (4,), "ln1.bias": (4,)}.items()}
-        >>> params, report = convert_state_dict(sd, "seed-block", cfg, allow_missing=True)
+        >>> sd = {"ln1.weight": np.ones(4, np.float16), "ln1.bias": np.zeros(4)}
+        >>> params, report = convert_state_dict(sd, "seed-block", cfg, allow_missing=True, keep_dtypes=True)
         >>> params["attn_norm"]["scale"].tolist(), len(report.missing)
         ([1.0, 1.0, 1.0, 1.0], 14)
+        >>> params["attn_norm"]["scale"].dtype, report.dtype_changes
+        (dtype('float16'), [('ln1.bias', 'float64', 'float32')])
     """
     arch = architecture(arch) if isinstance(arch, str) else arch
     shapes = target_shapes(arch, config)
     plan = arch.table.bind({p: s.shape for p, s in shapes.items()}, config.n_layers)
     report = ConversionReport()
     wanted: dict[str, str] = {}  # checkpoint key -> table key
+    file_of = getattr(state_dict, "file_of", None) if len(getattr(state_dict, "files", ())) > 1 else None
     for key in state_dict.keys():  # noqa: SIM118  (a TensorSource is not a dict)
         full = arch.table.resolve(key, plan)
         if full in plan:
@@ -194,20 +265,23 @@ def convert_state_dict(
             found = _shape(state_dict, key)
             if found != expected:
                 report.mismatched.append((key, expected, found))
+                if file_of is not None:
+                    report.files[key] = str(file_of(key))
             wanted[key] = full
         elif any(re.fullmatch(pattern, key) for pattern in arch.table.ignore):
             report.ignored.append(key)
         else:
             report.unexpected.append(key)
     report.missing = [key for key in plan if key not in set(wanted.values())]
-    report.check(allow_missing)
-    params = {path: zeros_aligned(s.shape, s.dtype) for path, s in shapes.items()}
+    report.check(allow_missing, source=_source_name(state_dict))
+    kept = _kept_dtypes(state_dict, wanted, plan, shapes) if keep_dtypes else {}
+    params = {path: zeros_aligned(s.shape, kept.get(path, s.dtype)) for path, s in shapes.items()}
     for key, value in state_dict.items():
         if key not in wanted:
             continue
         array = as_numpy(value)
         rule, layer = plan[wanted[key]]
-        target = np.dtype(shapes[rule.jax[0]].dtype)
+        target = params[rule.jax[0]].dtype
         if array.dtype != target:
             report.dtype_changes.append((key, str(array.dtype), str(target)))
         rule.to_jax(array, params, layer)

@@ -1,4 +1,5 @@
-"""``load_hf`` / ``save_hf`` and the seed block's ``.pt``: checkpoints in and out of jaxckpt."""
+"""``read_checkpoint`` / ``load_hf`` and the seed block's ``.pt``: checkpoints in and out of
+jaxckpt (``save_hf`` / ``write_hf`` live in ``_save``)."""
 
 import dataclasses
 import json
@@ -14,16 +15,16 @@ from torch_bridge._archs import Architecture, architecture, seed_block_config
 from torch_bridge._convert import (
     ConversionReport,
     convert_state_dict,
-    export_order,
     export_state_dict,
-    flatten,
     model_class,
-    target_shapes,
 )
 from torch_bridge._hf_config import Translation, translate
+from torch_bridge._hf_kept import kept_fields
+from torch_bridge._save import save_hf as save_hf  # re-exported: torch_bridge imports them from here
+from torch_bridge._save import write_hf as write_hf
 from torch_bridge._sources import find_config, open_tensors
 from torch_bridge._verify import verify as run_verify
-from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors, write_torch_file
+from torch_bridge._writers import write_torch_file
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 DTYPES |= {"fp16": "float16", "float16": "float16"}
@@ -92,6 +93,10 @@ class Converted:
     Attributes:
         arch: its architecture. config: the jaxckpt config. params: the nested dict of
         numpy arrays of the model's ``nnx.Param`` state. report: what did not map cleanly.
+        hf_fields: the names and ids of the source ``config.json`` that the config does not
+            carry (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``_name_or_path``,
+            generation defaults; ``torch_bridge._hf_kept.KEPT``), for ``save_hf(...,
+            hf_fields=...)`` to write back. Empty when read with a ``TransformerConfig``.
 
     Example:
         >>> import os, tempfile
@@ -104,12 +109,15 @@ class Converted:
         >>> converted = torch_bridge.read_checkpoint(path)
         >>> converted.model().config == converted.config, sorted(converted.params)[:2]
         (True, ['blocks', 'embed'])
+        >>> converted.hf_fields
+        {'bos_token_id': None, 'eos_token_id': None, 'pad_token_id': None}
     """
 
     arch: Architecture
     config: TransformerConfig
     params: dict
     report: ConversionReport
+    hf_fields: dict = dataclasses.field(default_factory=dict)
 
     def model(self) -> "Transformer | Block":
         """The jaxckpt model holding these parameters (zero-copy on CPU)."""
@@ -141,8 +149,12 @@ def read_checkpoint(
         config: needed for a single file: a Hugging Face config (dict or path) or a
             ``TransformerConfig``; for a directory it replaces ``config.json``.
         arch: ``"llama"``, ``"gpt2"`` or ``"seed-block"``; default: from the config.
-        dtype: ``"fp32"``/``"bf16"``/``"fp16"``; default: the checkpoint's own (the
-            dtype of its largest tensor), so bf16 stays bf16.
+        dtype: ``"fp32"``/``"bf16"``/``"fp16"``: every parameter is cast to it. Default:
+            each tensor keeps its own dtype when it is fp32, bf16 or fp16 (a checkpoint
+            with fp32 norms and bf16 matrices stays so), any other (float64, integers,
+            float8) is cast to ``config.param_dtype``; for a Hugging Face config that is
+            the checkpoint's native dtype (its largest tensor's), and the compute dtype
+            too. Every cast is listed in the report's ``dtype_changes``.
         allow_missing: keep missing parameters at zero instead of raising.
         on_tensor: progress callback ``(key, nbytes)``.
         strict: refuse config fields jaxckpt does not know (default: list them in the
@@ -174,13 +186,12 @@ def read_checkpoint(
             "it cannot check a checkpoint read with config="
         )
     with open_tensors(path) as source:
-        chosen, config, found = _resolve_config(path, source, config, arch, dtype, strict)
-        params, report = convert_state_dict(
-            source, chosen, config, allow_missing=allow_missing, on_tensor=on_tensor
-        )
+        chosen, config, found, hf_fields = _resolve_config(path, source, config, arch, dtype, strict)
+        options = dict(allow_missing=allow_missing, keep_dtypes=dtype is None, on_tensor=on_tensor)
+        params, report = convert_state_dict(source, chosen, config, **options)
     report.notes.extend(found.notes)
     report.unknown_fields.extend(found.unknown)
-    converted = Converted(chosen, config, params, report)
+    converted = Converted(chosen, config, params, report, hf_fields)
     if verify:
         if chosen.block:
             raise ValueError(f"{path}: verify=True checks Hugging Face models; the seed block has none")
@@ -196,8 +207,9 @@ def native_dtype(source) -> str:
 
 def _resolve_config(
     path, source, config, arch, dtype, strict
-) -> tuple[Architecture, TransformerConfig, Translation]:
-    """The architecture and jaxckpt config of a checkpoint, and its translation's findings.
+) -> tuple[Architecture, TransformerConfig, Translation, dict]:
+    """The architecture and jaxckpt config of a checkpoint, its translation's findings and
+    the Hugging Face config's kept fields (``kept_fields``).
 
     The dtype is ``dtype`` when given; else a ``TransformerConfig``'s own, or the
     checkpoint's native dtype for a Hugging Face config."""
@@ -211,10 +223,11 @@ def _resolve_config(
     if isinstance(config, TransformerConfig):
         if dtype is not None:
             config = config.replace(dtype=_dtype_name(dtype), param_dtype=_dtype_name(dtype))
-        return architecture(arch or config.family), config, Translation(config.family, {})
+        return architecture(arch or config.family), config, Translation(config.family, {}), {}
     name = _dtype_name(dtype) if dtype is not None else native_dtype(source)
-    found, config = _translate(*_hf_dict(config), name, strict=strict)
-    return architecture(arch or found.family), config, found
+    hf, where = _hf_dict(config)
+    found, config = _translate(hf, where, name, strict=strict)
+    return architecture(arch or found.family), config, found, kept_fields(hf)
 
 
 def load_hf(
@@ -231,7 +244,8 @@ def load_hf(
         path: the model directory (``config.json`` + ``model.safetensors``, sharded
             safetensors with their index, ``pytorch_model.bin`` or sharded ``.bin``), or a
             single state_dict file together with ``config=``.
-        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``; default: the checkpoint's.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``; default: each tensor's own (see
+            ``read_checkpoint``).
         strict: refuse config fields jaxckpt does not know (default: warn once and go on).
         verify: check the logits against transformers' (see ``read_checkpoint``).
         **options: ``config``, ``arch``, ``allow_missing``, ``on_tensor`` of
@@ -251,86 +265,6 @@ def load_hf(
     if converted.arch.block:
         raise ValueError(f"{path}: the seed block is one layer, not a model; use load_seed_block")
     return converted.model()
-
-
-def write_hf(
-    params,
-    config: TransformerConfig,
-    path: "str | os.PathLike",
-    *,
-    max_shard_size: "str | int" = "5GB",
-    force: bool = False,
-    on_tensor: Callable[[str, int], None] | None = None,
-) -> Path:
-    """Writes ``params`` (a ``Transformer``'s ``nnx.Param`` state or its pure dict) as a
-    Hugging Face directory: safetensors shards, their index and ``config.json``.
-
-    Raises:
-        FileExistsError: when ``path`` exists and ``force`` is False.
-
-    Example:
-        >>> import os, tempfile
-        >>> from flax import nnx
-        >>> from jaxckpt import nn
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
-        >>> params = nnx.state(nn.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-        >>> out = write_hf(params, cfg, os.path.join(tempfile.mkdtemp(), "m"), max_shard_size="20KB")
-        >>> files = sorted(os.listdir(out))  # three shards of at most 20 KB, their index, the config
-        >>> files[0], files[-1], len(files)
-        ('config.json', 'model.safetensors.index.json', 5)
-    """
-    arch = architecture(config.family)
-    limit = parse_shard_size(max_shard_size)
-    shapes = target_shapes(arch, config)
-    order = export_order(arch, config, shapes)  # the model is traced once, not twice
-    specs = [
-        (k, r.torch_shape({p: shapes[p].shape for p in r.jax}), shapes[r.jax[0]].dtype) for k, r, _ in order
-    ]
-    rules = {key: (rule, layer) for key, rule, layer in order}
-    if isinstance(params, nnx.State):
-        params = nnx.to_pure_dict(params)
-    flat = {p: np.asarray(leaf) for p, leaf in flatten(params).items()}
-
-    def get(key: str) -> np.ndarray:
-        rule, layer = rules[key]
-        array = rule.to_torch(flat, layer)
-        if on_tensor is not None:
-            on_tensor(key, array.nbytes)
-        return array
-
-    with atomic_output(path, force=force) as tmp:
-        write_safetensors(tmp, specs, get, max_shard_size=limit, metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(arch.hf_config(config), indent=2) + "\n")
-    return Path(path)
-
-
-def save_hf(
-    model: Transformer, path: "str | os.PathLike", *, max_shard_size: "str | int" = "5GB", force: bool = False
-) -> Path:
-    """Writes ``model`` as a Hugging Face directory that ``transformers`` loads.
-
-    Safetensors (sharded above ``max_shard_size``, with ``model.safetensors.index.json``)
-    and ``config.json``. Parameters keep their dtype. The directory is written under a
-    temporary name and renamed when complete.
-
-    Raises:
-        FileExistsError: when ``path`` exists and ``force`` is False.
-        ValueError: when the model is not expressible as LLaMA or GPT-2 (names the field).
-
-    Example:
-        >>> import tempfile, os
-        >>> from flax import nnx
-        >>> from jaxckpt import nn
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
-        >>> out = save_hf(nn.Transformer(cfg, rngs=nnx.Rngs(0)), os.path.join(tempfile.mkdtemp(), "m"))
-        >>> sorted(os.listdir(out))
-        ['config.json', 'model.safetensors']
-    """
-    if isinstance(model, Block):
-        raise TypeError("save_hf writes a Transformer; the seed block is written by save_seed_block")
-    return write_hf(
-        nnx.state(model, nnx.Param), model.config, path, max_shard_size=max_shard_size, force=force
-    )
 
 
 def load_seed_block(

@@ -1,0 +1,157 @@
+"""``write_hf`` / ``save_hf``: jaxckpt parameters out as a Hugging Face directory, each tensor
+in its own dtype, with the source's names and ids when given (``hf_fields``)."""
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+from jaxckpt.nn import Block, Transformer, TransformerConfig
+from torch_bridge._archs import architecture
+from torch_bridge._convert import common_dtype, export_order, flatten, target_shapes
+from torch_bridge._hf_kept import check_kept
+from torch_bridge._table import Rule
+from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors
+
+
+def write_hf(
+    params,
+    config: TransformerConfig,
+    path: "str | os.PathLike",
+    *,
+    max_shard_size: "str | int" = "5GB",
+    force: bool = False,
+    on_tensor: Callable[[str, int], None] | None = None,
+    hf_fields: Mapping | None = None,
+) -> Path:
+    """Writes ``params`` (a ``Transformer``'s ``nnx.Param`` state or its pure dict) as a
+    Hugging Face directory: safetensors shards, their index and ``config.json``.
+
+    Each tensor is written in its parameters' own dtype, so a model holding fp32 norms and
+    bf16 matrices is written so, bit for bit. A tensor gathered from parameters of
+    different dtypes (a fused ``qkv_proj`` whose q, k and v differ) is written in their
+    common dtype (``common_dtype``: bf16 with fp32 is fp32), which changes no value.
+    ``config.json`` gets ``dtype=config.param_dtype``.
+
+    Args:
+        params: the parameters.
+        config: their model's config.
+        path: the directory to write (under a temporary name, renamed when complete).
+        max_shard_size: bytes per safetensors shard (``"5GB"``, ``"500MB"``, an int).
+        force: replace ``path`` when it exists.
+        on_tensor: progress callback ``(key, nbytes)``.
+        hf_fields: ``config.json`` fields written over the writer's own: names, ids and
+            generation defaults only (``Converted.hf_fields``: the source's
+            ``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``_name_or_path``...).
+
+    Raises:
+        FileExistsError: when ``path`` exists and ``force`` is False.
+        ValueError: for a key of ``hf_fields`` that is not a name, id or generation field
+            (named; checked before anything is written), or a config the family's
+            ``config.json`` cannot express.
+
+    Example:
+        >>> import tempfile
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
+        >>> params = nnx.state(nn.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        >>> out = write_hf(params, cfg, os.path.join(tempfile.mkdtemp(), "m"), max_shard_size="20KB",
+        ...                hf_fields={"eos_token_id": 2})
+        >>> files = sorted(os.listdir(out))  # three shards of at most 20 KB, their index, the config
+        >>> files[0], files[-1], len(files), json.loads((out / "config.json").read_text())["eos_token_id"]
+        ('config.json', 'model.safetensors.index.json', 5, 2)
+    """
+    arch = architecture(config.family)
+    limit = parse_shard_size(max_shard_size)
+    hf = arch.hf_config(config) | check_kept(hf_fields)
+    shapes = target_shapes(arch, config)
+    order = export_order(arch, config, shapes)  # the model is traced once, not twice
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    flat = {p: np.asarray(leaf) for p, leaf in flatten(params).items()}
+    dtypes = {key: common_dtype(flat[p].dtype for p in rule.jax) for key, rule, _ in order}
+    specs = [(k, r.torch_shape({p: shapes[p].shape for p in r.jax}), dtypes[k]) for k, r, _ in order]
+    rules = {key: (rule, layer) for key, rule, layer in order}
+
+    def get(key: str) -> np.ndarray:
+        rule, layer = rules[key]
+        array = rule.to_torch(*_parts_as(flat, rule, layer, dtypes[key]))
+        if on_tensor is not None:
+            on_tensor(key, array.nbytes)
+        return array
+
+    with atomic_output(path, force=force) as tmp:
+        write_safetensors(tmp, specs, get, max_shard_size=limit, metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    return Path(path)
+
+
+def _parts_as(flat: dict, rule: Rule, layer: int | None, dtype: np.dtype) -> tuple[dict, int | None]:
+    """``(params, layer)`` for ``rule.to_torch``: ``flat`` as it is, or (a fused rule whose
+    parts differ in dtype) its parts at ``layer`` cast to ``dtype``, so that a stacked
+    parameter is not cast whole once per layer."""
+    if all(flat[p].dtype == dtype for p in rule.jax):
+        return flat, layer
+    if rule.per_layer:
+        return {p: flat[p][layer : layer + 1].astype(dtype) for p in rule.jax}, 0
+    return {p: flat[p].astype(dtype) for p in rule.jax}, layer
+
+
+def save_hf(
+    model: Transformer,
+    path: "str | os.PathLike",
+    *,
+    max_shard_size: "str | int" = "5GB",
+    force: bool = False,
+    hf_fields: Mapping | None = None,
+) -> Path:
+    """Writes ``model`` as a Hugging Face directory that ``transformers`` loads.
+
+    Safetensors (sharded above ``max_shard_size``, with ``model.safetensors.index.json``)
+    and ``config.json``. Each parameter keeps its dtype (see ``write_hf``). The directory
+    is written under a temporary name and renamed when complete.
+
+    A ``Transformer`` does not know its tokenizer's special ids or its name, so
+    ``config.json`` gets ``bos_token_id``, ``eos_token_id`` and ``pad_token_id`` as None,
+    unless ``hf_fields`` gives them. To keep the source's names and ids through a
+    load -> save, pass them along: ``save_hf(model, out, hf_fields=read_checkpoint(src).hf_fields)``
+    (or read once with ``converted = read_checkpoint(src)``, ``model = converted.model()``,
+    and pass ``converted.hf_fields``).
+
+    Args:
+        model: the model.
+        path: the directory to write.
+        max_shard_size: bytes per safetensors shard.
+        force: replace ``path`` when it exists.
+        hf_fields: ``config.json`` fields to write: names, ids and generation defaults
+            only (see ``write_hf``).
+
+    Raises:
+        FileExistsError: when ``path`` exists and ``force`` is False.
+        ValueError: when the model is not expressible in its family's ``config.json``
+            (names the field), or ``hf_fields`` holds a field that is not a name, id or
+            generation field (named).
+
+    Example:
+        >>> import tempfile
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
+        >>> d = tempfile.mkdtemp()
+        >>> src = save_hf(nn.Transformer(cfg, rngs=nnx.Rngs(0)), os.path.join(d, "src"),
+        ...               hf_fields={"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})
+        >>> sorted(os.listdir(src))
+        ['config.json', 'model.safetensors']
+        >>> from torch_bridge import load_hf, read_checkpoint
+        >>> model = load_hf(src)  # an nn.Transformer: the ids are not in it
+        >>> out = save_hf(model, os.path.join(d, "out"), hf_fields=read_checkpoint(src).hf_fields)
+        >>> written = json.loads((out / "config.json").read_text())
+        >>> written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]
+        (1, 2, 2)
+    """
+    if isinstance(model, Block):
+        raise TypeError("save_hf writes a Transformer; the seed block is written by save_seed_block")
+    options = dict(max_shard_size=max_shard_size, force=force, hf_fields=hf_fields)
+    return write_hf(nnx.state(model, nnx.Param), model.config, path, **options)
