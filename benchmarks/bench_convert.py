@@ -8,17 +8,32 @@ written once as sharded Hugging Face safetensors into a temporary directory, the
 2. peak memory of each conversion, each in a fresh subprocess: the baseline is the RSS
    after the imports and JAX's initialisation (with freed heap memory handed back to the
    OS by ``malloc_trim``, so a phase cannot reuse it unseen); the high-water mark is reset there
-   (``/proc/self/clear_refs``), so ``VmHWM`` / ``ru_maxrss`` afterwards is the
-   conversion's own peak. "Peak extra" = peak - baseline - the model's bytes, reported as
-   a multiple of the largest single tensor (criterion: at most ``GOAL_MULTIPLE``). A
-   thread samples ``/proc/self/status`` every millisecond and records, at its highest
-   sample, how much of the RSS above the baseline and the model is file-backed
-   (``RssFile``: safetensors reads through mmap) and how much is anonymous;
+   (``/proc/self/clear_refs``), so ``VmHWM`` afterwards is the conversion's own peak.
+   (Not ``ru_maxrss``: clear_refs does not reset it, and Linux carries it over ``execve``
+   from the parent, so a worker started by a parent of 600 MB reports at least 600 MB;
+   it is kept in the JSON as ``ru_maxrss_bytes``.) "Peak extra" = peak - baseline - the
+   model's bytes, reported as a multiple of the largest single tensor (criterion: at most
+   ``GOAL_MULTIPLE``). A thread samples ``/proc/self/status`` every millisecond and
+   records, at its highest sample, how much of the RSS above the baseline and the model is
+   file-backed (``RssFile``: safetensors reads through mmap) and how much is anonymous;
 3. jax -> torch: ``torch_bridge.save_hf`` of the model ``load_hf`` gave, in a fresh
    subprocess too; its peak extra is over the loaded model (the baseline holds it);
 4. ``call_torch`` per-call overhead against the same function in pure JAX, forward and
    forward+backward (``bench_call_torch.measure_call_overhead``, or a minimal measurement
-   of its own where that script is absent).
+   of its own where that script is absent);
+5. one row per family ``torch_bridge`` converts (``--families``, default all): a checkpoint
+   of that family's own layout, built as the LLaMA one is, tensor by tensor from the
+   family's export order (``torch_bridge._convert.export_order`` and ``Rule.torch_shape``,
+   as ``write_hf`` builds its specs) with its ``config.json`` (``arch.hf_config``), then
+   read_checkpoint, load_hf and save_hf, each in fresh processes as above: MB/s and peak
+   extra memory against the same criterion. Each family's config is its preset
+   (``FAMILY_PRESETS``) shrunk to the size's vocabulary, width and heads, keeping the
+   family's GQA ratio, MLP ratio, biases, norms, tying and layer pattern; the number of
+   layers is then chosen so the checkpoint is about as big as the LLaMA one. Phi-3's fused
+   ``qkv_proj``/``gate_up_proj`` and GPT-2's ``c_attn`` are split on reading and
+   concatenated on saving; the "fused MB" column is the largest such tensor. (Reading
+   maps one shard at a time, and its pages count as file-backed RSS until the shard is
+   closed, so read's peak extra grows with the shard size, not only with the largest tensor.)
 
 The checkpoint is read with a warm page cache (it was just written). Each phase runs
 ``--repeats`` times, each in its own process: the table shows the best time and the
@@ -26,6 +41,8 @@ largest peak. The temporary checkpoint is deleted at the end.
 
     python benchmarks/bench_convert.py            # ~0.97 GB checkpoint, 200 MB shards
     python benchmarks/bench_convert.py --quick    # ~0.12 GB checkpoint, 50 MB shards
+    python benchmarks/bench_convert.py --quick --families phi3,gpt2   # those families only
+    python benchmarks/bench_convert.py --families none                # the LLaMA part only
 """
 
 import argparse
@@ -66,7 +83,34 @@ PHASES = {  # worker phase -> row label
     "save": "jax -> torch: save_hf (safetensors)",
     "save1": "jax -> torch: save_hf (default 5GB: 1 shard)",
 }
+FAMILY_PHASES = ("read", "load", "save")  # per family: save_hf with the size's shards
 CALLS = {"full": 2000, "quick": 200}
+FAMILY_PRESETS = {  # family -> the jaxckpt.nn preset its benchmark config is shrunk from
+    "llama": "llama3.2-1b",
+    "mistral": "mistral-7b",
+    "qwen2": "qwen2.5-0.5b",
+    "qwen3": "qwen3-0.6b",
+    "smollm3": None,  # no preset: SMOLLM3 below
+    "gemma2": "gemma2-2b",
+    "gemma3": "gemma3-1b",
+    "phi3": "phi3-mini",
+    "gpt2": "gpt2",
+}
+SMOLLM3 = dict(  # HuggingFaceTB/SmolLM3-3B's shape: LLaMA-like, every fourth layer without RoPE
+    family="smollm3",
+    vocab_size=128256,
+    d_model=2048,
+    n_layers=36,
+    n_heads=16,
+    n_kv_heads=4,
+    ffn_dim=11008,
+    max_len=65536,
+    rope_theta=5000000.0,
+    norm_eps=1e-6,
+    tie_embeddings=True,
+    layer_pattern=("full", "full", "full", "full_nope"),
+)
+FFN_MULTIPLE = 32  # the shrunk MLP width is rounded to a multiple of this
 SAMPLE_SECONDS = 0.001
 
 
@@ -93,7 +137,7 @@ def release_free_memory() -> None:
 
 
 def reset_peak() -> bool:
-    """Reset this process's RSS high-water mark (VmHWM, and so ru_maxrss); False if refused."""
+    """Reset this process's RSS high-water mark (VmHWM; not ru_maxrss); False if refused."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -169,7 +213,8 @@ def worker(phase: str, path: Path, shard: str) -> dict:
         "seconds": seconds,
         "baseline": base,
         "hwm_reset": reset,
-        "peak_bytes": max(end["VmHWM"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB),
+        "peak_bytes": end["VmHWM"],
+        "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB,  # see the docstring
         "sampled_peak": sampled,
         "end": end,
         "model_bytes": model_bytes,
@@ -204,8 +249,9 @@ def checkpoint_specs(config) -> list[tuple[str, tuple[int, ...], np.dtype]]:
 
 
 def write_checkpoint(directory: Path, config, specs, shard: str, seed: int = 0) -> None:
-    """Random weights (ones for the norms), generated one tensor at a time, as HF shards."""
-    from torch_bridge._hf_config import llama_hf_config
+    """Random weights (ones for the norms and biases), generated one tensor at a time, as HF
+    shards, and the family's ``config.json``."""
+    from torch_bridge import architecture
     from torch_bridge._writers import parse_shard_size, write_safetensors
 
     rng = np.random.default_rng(seed)
@@ -218,7 +264,55 @@ def write_checkpoint(directory: Path, config, specs, shard: str, seed: int = 0) 
 
     limit = parse_shard_size(shard)
     write_safetensors(directory, specs, get, max_shard_size=limit, metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(llama_hf_config(config), indent=2))
+    hf_config = architecture(config.family).hf_config(config)
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2))
+
+
+def fused_keys(config) -> set[str]:
+    """The HF names of the fused tensors of ``config``: those split into several parameters
+    on reading (Phi-3's ``qkv_proj``/``gate_up_proj``, GPT-2's ``c_attn``)."""
+    from torch_bridge._archs import architecture
+    from torch_bridge._convert import export_order
+
+    return {key for key, rule, _ in export_order(architecture(config.family), config) if len(rule.jax) > 1}
+
+
+def _checkpoint_bytes(config) -> int:
+    return sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in checkpoint_specs(config))
+
+
+def family_config(family: str, size: str):
+    """The benchmark config of ``family``: its preset (``FAMILY_PRESETS``) at the size's
+    vocabulary, width and heads (head_dim = d_model / n_heads), in fp32, keeping the family's
+    ratios of query to key/value heads and of MLP to model width; then as many layers as
+    bring the checkpoint closest to the LLaMA one of that size."""
+    from jaxckpt import nn
+
+    fields = SIZES[size][0]
+    preset = FAMILY_PRESETS[family]
+    base = nn.PRESETS[preset] if preset is not None else nn.TransformerConfig(**SMOLLM3)
+    if base.family != family:
+        raise ValueError(f"preset {preset!r} is family {base.family!r}, not {family!r}")
+    d_model, heads = fields["d_model"], fields["n_heads"]
+    kv_heads = max(1, heads * base.n_kv_heads // base.n_heads)
+    while heads % kv_heads:
+        kv_heads -= 1
+    ffn = max(FFN_MULTIPLE, round(base.ffn_dim / base.d_model * d_model / FFN_MULTIPLE) * FFN_MULTIPLE)
+    config = base.replace(
+        vocab_size=fields["vocab_size"],
+        d_model=d_model,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        head_dim=d_model // heads,
+        ffn_dim=ffn,
+        n_layers=1,
+        dtype="float32",
+        param_dtype="float32",
+    )
+    target = _checkpoint_bytes(nn.TransformerConfig(family="llama", max_len=2048, **fields))
+    one, two = _checkpoint_bytes(config), _checkpoint_bytes(config.replace(n_layers=2))
+    layers = max(1, round((target - (2 * one - two)) / (two - one)))
+    return config.replace(n_layers=layers)
 
 
 # ----------------------------------------------------------------------------- call_torch
@@ -296,6 +390,7 @@ def summarise(phase: str, runs: list[dict], nbytes: int, largest: int) -> dict:
         "file_backed_extra_bytes": sampled["RssFile"] - base["RssFile"],
         "anon_extra_bytes": sampled["RssAnon"] - base["RssAnon"] - worst["model_bytes"],
         "hwm_reset": worst["hwm_reset"],
+        "ru_maxrss_bytes": worst["ru_maxrss_bytes"],
         "torch_imported_by_phase": worst["torch_imported_by_phase"],
     }
 
@@ -352,6 +447,51 @@ def call_torch_table(result: dict) -> Table:
     return table
 
 
+def family_table(families: list[dict], size: str) -> Table:
+    title = (
+        f"checkpoint conversion per family ({size}): fp32, {families[0]['shard_size']} shards; MB/s of "
+        f"checkpoint; peak extra as a multiple of the largest tensor (<= {GOAL_MULTIPLE:g}x); MB = 10^6 B"
+    )
+    table = Table(title=title)
+    for col in ("family", "from preset"):
+        table.add_column(col)
+    cols = ("layers", "ckpt MB", "largest MB", "fused MB", "read MB/s", "load MB/s", "save MB/s")
+    ok = f"<= {GOAL_MULTIPLE:g}x"
+    for col in (*cols, "read x", ok, "load x", ok, "save x", ok):
+        table.add_column(col, justify="right")
+    for f in families:
+        ph = f["phases"]
+        peaks = []
+        for phase in FAMILY_PHASES:
+            peaks += [
+                f"{ph[phase]['multiple_of_largest']:.2f}",
+                "PASS" if ph[phase]["meets_goal"] else "NOT MET",
+            ]
+        table.add_row(
+            f["family"],
+            f["preset"] or "none: SMOLLM3",
+            str(f["config"]["n_layers"]),
+            f"{f['bytes'] / MB:.0f}",
+            f"{f['largest_bytes'] / MB:.1f}",
+            f"{f['largest_fused_bytes'] / MB:.1f}" if f["fused_tensors"] else "-",
+            *(f"{ph[phase]['mb_per_s']:.0f}" for phase in FAMILY_PHASES),
+            *peaks,
+        )
+    return table
+
+
+def family_verdict(families: list[dict]) -> str:
+    rows = [(f["family"], row) for f in families for row in f["phases"].values()]
+    family, worst = max(rows, key=lambda fr: fr[1]["multiple_of_largest"])
+    status = "PASS" if all(row["meets_goal"] for _, row in rows) else "NOT MET"
+    return (
+        f"criterion per family: peak extra memory <= {GOAL_MULTIPLE:g}x the largest tensor, read, load and "
+        f"save, in every family: {status} (worst: {family} {worst['phase']}, "
+        f"{worst['multiple_of_largest']:.2f}x, {worst['peak_extra_bytes'] / MB:.0f} MB, of which file-backed "
+        f"{worst['file_backed_extra_bytes'] / MB:.0f} MB at the sampled peak)"
+    )
+
+
 def verdict(rows: list[dict]) -> str:
     worst = max(rows, key=lambda r: r["multiple_of_largest"])
     status = "PASS" if worst["meets_goal"] else "NOT MET"
@@ -363,6 +503,59 @@ def verdict(rows: list[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def run_phases(phases, path: Path, shard: str, repeats: int, nbytes: int, largest: int, console, what=""):
+    """Each phase ``repeats`` times in fresh processes; one summary row per phase."""
+    rows = []
+    for phase in phases:
+        runs = []
+        for i in range(repeats):
+            with console.status(f"{what}{PHASES[phase]} (run {i + 1}/{repeats}, fresh process) ..."):
+                runs.append(run_worker(phase, path, shard))
+        rows.append(summarise(phase, runs, nbytes, largest))
+        console.print(f"done {what}{PHASES[phase]}: {rows[-1]['seconds']:.2f} s")
+    return rows
+
+
+def bench_family(family: str, size: str, repeats: int, console: Console) -> dict:
+    """One family's checkpoint, written, converted both ways in fresh processes, deleted."""
+    config = family_config(family, size)
+    shard = SIZES[size][1]
+    specs = checkpoint_specs(config)
+    sizes = {key: math.prod(shape) * dtype.itemsize for key, shape, dtype in specs}
+    largest_key = max(sizes, key=sizes.get)
+    fused = fused_keys(config)
+    root = Path(tempfile.mkdtemp(prefix=f"bench_convert_{family}_"))
+    try:
+        path = root / family
+        path.mkdir()
+        with console.status(f"{family}: writing {sum(sizes.values()) / MB:.0f} MB of random weights ..."):
+            start = time.perf_counter()
+            write_checkpoint(path, config, specs, shard)
+            write_s = time.perf_counter() - start
+        shards = len(list(path.glob("*.safetensors")))
+        nbytes, largest = sum(sizes.values()), sizes[largest_key]
+        rows = run_phases(FAMILY_PHASES, path, shard, repeats, nbytes, largest, console, f"{family}: ")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        "family": family,
+        "preset": FAMILY_PRESETS[family],
+        "config": config.to_dict(),
+        "shard_size": shard,
+        "bytes": nbytes,
+        "largest_bytes": largest,
+        "largest_tensor": largest_key,
+        "fused_tensors": len(fused),
+        "largest_fused_bytes": max((sizes[k] for k in fused), default=0),
+        "largest_fused_tensor": max(fused, key=sizes.get, default=None),
+        "tensors": len(specs),
+        "shards": shards,
+        "write_seconds_incl_random": write_s,
+        "phases": {row["phase"]: row for row in rows},
+        "passes": all(row["meets_goal"] for row in rows),
+    }
 
 
 def bench(size: str, repeats: int, calls: int, console: Console) -> dict:
@@ -383,14 +576,7 @@ def bench(size: str, repeats: int, calls: int, console: Console) -> dict:
         checkpoint = {"config": fields, "shard_size": shard, "bytes": sum(sizes), "largest_bytes": max(sizes)}
         checkpoint |= {"tensors": len(specs), "shards": len(list(path.glob("*.safetensors")))}
         checkpoint |= {"write_seconds_incl_random": write_s}
-        rows = []
-        for phase in PHASES:
-            runs = []
-            for i in range(repeats):
-                with console.status(f"{PHASES[phase]} (run {i + 1}/{repeats}, fresh process) ..."):
-                    runs.append(run_worker(phase, path, shard))
-            rows.append(summarise(phase, runs, sum(sizes), max(sizes)))
-            console.print(f"done {PHASES[phase]}: {rows[-1]['seconds']:.2f} s")
+        rows = run_phases(PHASES, path, shard, repeats, sum(sizes), max(sizes), console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     with console.status(f"call_torch: {calls} calls per measurement ..."):
@@ -398,11 +584,39 @@ def bench(size: str, repeats: int, calls: int, console: Console) -> dict:
     return {"checkpoint": checkpoint, "conversion": rows, "call_torch": overhead}
 
 
+def parse_families(values: list[str] | None) -> list[str]:
+    """``--families`` (names, comma- or space-separated; ``all``, ``none``) as a list."""
+    names = [n for v in values or ["all"] for n in v.split(",") if n]
+    if names == ["none"]:
+        return []
+    if "all" in names:
+        return list(FAMILY_PRESETS)
+    unknown = sorted(set(names) - set(FAMILY_PRESETS))
+    if unknown:
+        raise ValueError(f"--families: unknown {', '.join(unknown)}; known: {', '.join(FAMILY_PRESETS)}")
+    return list(dict.fromkeys(names))
+
+
+def unbenched_families() -> list[str]:
+    """Families ``torch_bridge`` converts (an ARCHITECTURES entry with a model_type) that
+    ``FAMILY_PRESETS`` has no config for."""
+    from torch_bridge import ARCHITECTURES
+
+    return [n for n, a in ARCHITECTURES.items() if a.model_type is not None and n not in FAMILY_PRESETS]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a ~0.12 GB checkpoint, 200 call_torch calls")
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per phase")
     parser.add_argument("--calls", type=int, help="timed call_torch calls per measurement")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        metavar="FAMILY",
+        help=f"families for the per-family table, comma- or space-separated: {', '.join(FAMILY_PRESETS)}, "
+        "'all' (the default) or 'none'",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/convert.json"))
     parser.add_argument("--worker", choices=tuple(PHASES), help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
@@ -413,15 +627,30 @@ def main(argv=None) -> None:
         return
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    try:
+        families = parse_families(args.families)
+    except ValueError as err:
+        parser.error(str(err))
     size = "quick" if args.quick else "full"
     console = Console(width=160)
+    missing = unbenched_families()
+    if missing:
+        console.print(
+            f"note: torch_bridge converts {', '.join(missing)}, which FAMILY_PRESETS does not cover"
+        )
     result = bench(size, args.repeats, args.calls or CALLS[size], console)
+    result["families"] = [bench_family(family, size, args.repeats, console) for family in families]
     result |= {"goal_multiple": GOAL_MULTIPLE, "size": size, "repeats": args.repeats}
     result |= {"cpu_count": os.cpu_count(), "machine": platform.machine()}
-    result["passes"] = all(r["meets_goal"] for r in result["conversion"])
+    result["families_pass"] = all(f["passes"] for f in result["families"])
+    result["conversion_passes"] = all(r["meets_goal"] for r in result["conversion"])
+    result["passes"] = result["conversion_passes"] and result["families_pass"]
     console.print(conversion_table(result))
     console.print(verdict(result["conversion"]))
     console.print(call_torch_table(result["call_torch"]))
+    if result["families"]:
+        console.print(family_table(result["families"], size))
+        console.print(family_verdict(result["families"]))
     write_json(args.out, result)
     console.print(f"wrote {args.out}")
 
