@@ -106,3 +106,66 @@ def test_dtype_cast_and_single_file_with_config(tmp_path, capsys):
     )
     assert result["bytes"] * 2 == sum(v.numel() * 4 for v in model.state_dict().values())
     assert json.loads((tmp_path / "jax" / "jaxckpt.json").read_text())["config"]["param_dtype"] == "bfloat16"
+
+
+def _mixed_llama():
+    """A tiny LLaMA with fp32 norms and bf16 matrices."""
+    model = tm.tiny_llama()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.to(torch.float32 if p.ndim == 1 else torch.bfloat16)
+    return model
+
+
+def _safetensors(directory) -> dict:
+    import safetensors.numpy
+
+    out = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        out |= safetensors.numpy.load_file(f)
+    return out
+
+
+def test_mixed_dtypes_survive_both_ways_and_casts_are_shown(tmp_path, capsys):
+    _mixed_llama().save_pretrained(tmp_path / "hf")
+    result = _run(capsys, "convert", str(tmp_path / "hf"), str(tmp_path / "jax"))
+    assert "dtype_changes" not in result  # nothing was cast
+    _run(capsys, "convert", str(tmp_path / "jax"), str(tmp_path / "back"), "--to", "torch")
+    before, after = _safetensors(tmp_path / "hf"), _safetensors(tmp_path / "back")
+    assert sorted(after) == sorted(before)
+    for key, array in before.items():
+        assert after[key].dtype == array.dtype, key
+        np.testing.assert_array_equal(after[key].view(np.uint8), array.view(np.uint8), err_msg=key)
+
+    cast = _run(capsys, "convert", str(tmp_path / "hf"), str(tmp_path / "jax32"), "--dtype", "fp32")
+    matrices = sorted(k for k, a in before.items() if a.ndim == 2)
+    assert sorted(k for k, _, _ in cast["dtype_changes"]) == matrices
+    assert (
+        main(["convert", str(tmp_path / "jax"), str(tmp_path / "back16"), "--to", "torch", "--dtype", "fp16"])
+        == 0
+    )
+    shown = capsys.readouterr().out
+    assert f"{len(matrices)} tensor(s) cast bfloat16 -> float16" in shown
+    assert f"{len(before) - len(matrices)} tensor(s) cast float32 -> float16" in shown
+
+
+def test_token_ids_survive_hf_to_jax_to_hf(tmp_path, capsys):
+    source = tm.tiny_family("smollm2")  # SmolLM2-style: plain LLaMA, tied head
+    source.config.bos_token_id, source.config.eos_token_id, source.config.pad_token_id = 1, 2, 2
+    source.save_pretrained(tmp_path / "hf")
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (1, 2, 2)
+    _run(capsys, "convert", str(tmp_path / "hf"), str(tmp_path / "jax"))
+    meta = json.loads((tmp_path / "jax" / "jaxckpt.json").read_text())
+    assert meta["hf_fields"] | {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2} == meta["hf_fields"]
+    _run(capsys, "convert", str(tmp_path / "jax"), str(tmp_path / "back"), "--to", "torch")
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (back["bos_token_id"], back["eos_token_id"], back["pad_token_id"]) == (1, 2, 2)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert (reloaded.config.bos_token_id, reloaded.config.eos_token_id, reloaded.config.pad_token_id) == (
+        1,
+        2,
+        2,
+    )
+    ids = tm.tokens(length=7)
+    np.testing.assert_allclose(tm.torch_logits(reloaded, ids), tm.torch_logits(source.eval(), ids), atol=1e-5)

@@ -153,3 +153,35 @@ def test_bad_dtype_and_seed_heads(tmp_path, llama_dir):
     torch.save(tm.tiny_seed_block().state_dict(), tmp_path / "block.pt")
     with pytest.raises(ValueError, match="num_heads=4 does not divide"):
         torch_bridge.load_seed_block(tmp_path / "block.pt", num_heads=4)
+
+
+def test_shape_mismatch_names_the_file_the_tensor_and_both_shapes(tmp_path):
+    import numpy as np
+    import safetensors.numpy
+
+    model = tm.tiny_llama()
+    model.save_pretrained(tmp_path / "single")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="8KB")
+    key = "model.layers.2.self_attn.k_proj.weight"
+    for directory in (tmp_path / "single", tmp_path / "sharded"):
+        index = directory / "model.safetensors.index.json"
+        shard = json.loads(index.read_text())["weight_map"][key] if index.exists() else "model.safetensors"
+        tensors = safetensors.numpy.load_file(directory / shard)
+        tensors[key] = np.zeros((12, 25), np.float32)
+        safetensors.numpy.save_file(tensors, directory / shard, metadata={"format": "pt"})
+        with pytest.raises(ValueError) as err:
+            torch_bridge.load_hf(directory)
+        message = str(err.value)
+        assert f"{key} expected (6, 25) found (12, 25)" in message, message
+        assert str(directory) in message and shard in message, message
+
+
+def test_hf_fields_that_could_change_the_model_are_refused_before_writing(tmp_path):
+    model = torch_bridge.load_hf(tm.save(tm.tiny_llama(), tmp_path / "src", "safetensors"))
+    for fields, match in (
+        ({"eos_token_id": 2, "hidden_size": 8}, r"hf_fields: hidden_size=8 is not a name, id or generation"),
+        ({"model_type": "bert"}, r"hf_fields: model_type='bert' is written from the model itself"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            torch_bridge.save_hf(model, tmp_path / "out", hf_fields=fields)
+        assert not (tmp_path / "out").exists()
