@@ -240,6 +240,9 @@ def load_hf(
 ) -> Transformer:
     """A jaxckpt ``nn.Transformer`` from a Hugging Face checkpoint of any supported family.
 
+    The model holds what changes the numbers; the ``config.json``'s names and token ids
+    (``bos_token_id``...) are in ``read_checkpoint(path).hf_fields``, for ``save_hf``.
+
     Args:
         path: the model directory (``config.json`` + ``model.safetensors``, sharded
             safetensors with their index, ``pytorch_model.bin`` or sharded ``.bin``), or a
