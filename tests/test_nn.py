@@ -467,7 +467,7 @@ def test_preset_overrides_rederive_derived_fields():
 PATTERNED = LLAMA.replace(
     n_layers=5, layer_pattern=("sliding", "full_nope", "full"), sliding_window=3, local_rope_theta=77.0
 )
-"""Layers that differ: period 3 over 5 layers (one unit of 3, then 2 single layers)."""
+"""Layers that differ: three kinds, the pattern cut short (5 layers of a period of 3)."""
 
 
 def _unrolled(blocks, kinds, x):
@@ -499,11 +499,27 @@ def test_a_patterned_stack_is_its_layers_in_order_under_every_remat(spec):
         assert_close(g[...], r[...], F32, name=f"{spec} grad {path}")
 
 
-def test_a_patterned_stack_is_one_scan_over_units_of_its_period():
-    cfg = PATTERNED.replace(n_layers=9)  # three units of three layers: one scan of length 3
+def _eqns(jaxpr, primitive: str) -> list:
+    """The equations of ``primitive`` in ``jaxpr`` and, outside them, in its sub-jaxprs."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == primitive:
+            found.append(eqn)
+            continue
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                found += _eqns(inner, primitive)
+    return found
+
+
+def test_a_patterned_stack_is_one_scan_with_a_branch_per_kind():
+    cfg = PATTERNED.replace(n_layers=9)  # three kinds, three layers of each
     model = build(lambda rngs: Transformer(cfg, rngs=rngs))
     jaxpr = jax.make_jaxpr(lambda m, t: m(t))(model, jnp.zeros((1, 5), jnp.int32))
     scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
-    assert [e.params["length"] for e in scans] == [3]
+    assert [e.params["length"] for e in scans] == [9]
+    switches = _eqns(scans[0].params["jaxpr"].jaxpr, "cond")
+    assert [len(e.params["branches"]) for e in switches] == [3]  # one switch, a branch per kind
     report = remat.describe(model, (2, 5), "full")
     assert [(r.tag, r.count) for r in report.residuals] == [(remat.Tag.LAYER_INPUT, 3)] * 3

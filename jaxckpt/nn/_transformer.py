@@ -12,7 +12,7 @@ from jaxckpt.nn._block import ACTIVATION, Block
 from jaxckpt.nn._choices import Positions
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import Embedding, make_dense, make_norm
-from jaxckpt.nn._stack import run_blocks, stack_segments
+from jaxckpt.nn._stack import distinct_segments, run_blocks
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 
@@ -31,18 +31,19 @@ def _stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs) -> Block:
 class Transformer(nnx.Module):
     """A decoder-only transformer (LLaMA or GPT-2 family) with remat'd scanned blocks.
 
-    Args:
-        config: sizes and choices; ``config.remat`` is the default remat spec.
-        rngs: parameter initialisation keys.
+        Args:
+            config: sizes and choices; ``config.remat`` is the default remat spec.
+            rngs: parameter initialisation keys.
 
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from flax import nnx
-        >>> from jaxckpt.nn import Transformer, TransformerConfig
-        >>> cfg = TransformerConfig.preset("tiny", n_layers=2, d_model=16, n_heads=2, ffn_dim=24)
-        >>> model = Transformer(cfg, rngs=nnx.Rngs(0))
-        >>> model(jnp.zeros((3, 5), jnp.int32)).shape
-        (3, 5, 256)
+        Example:
+            >>> import jax.numpy as jnp
+    import numpy as np
+            >>> from flax import nnx
+            >>> from jaxckpt.nn import Transformer, TransformerConfig
+            >>> cfg = TransformerConfig.preset("tiny", n_layers=2, d_model=16, n_heads=2, ffn_dim=24)
+            >>> model = Transformer(cfg, rngs=nnx.Rngs(0))
+            >>> model(jnp.zeros((3, 5), jnp.int32)).shape
+            (3, 5, 256)
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -77,15 +78,16 @@ class Transformer(nnx.Module):
         x = jax.ShapeDtypeStruct((batch, seq, cfg.d_model), cfg.compute_dtype)
         graphdef, state = nnx.split(self.blocks)
         out = []
-        for fn, _, _, shape, count in stack_segments(get_remat(remat), cfg.layer_kinds):
+        for segment, size, indices, count in distinct_segments(get_remat(remat), cfg.layer_kinds):
+            lead = () if size == 1 else (size,)
             params = jax.tree.map(
-                lambda a, shape=shape: jax.ShapeDtypeStruct(shape + a.shape[1:], a.dtype), state
+                lambda a, lead=lead: jax.ShapeDtypeStruct(lead + a.shape[1:], a.dtype), state
             )
 
-            def segment(x, params, graphdef=graphdef, fn=fn):
-                return fn(x, nnx.merge(graphdef, params))
+            def fn(x, params, segment=segment, indices=indices):
+                return segment(x, nnx.merge(graphdef, params), jnp.asarray(indices))
 
-            out.append((segment, (x, params), count))
+            out.append((fn, (x, params), count))
         return out
 
     def __call__(self, tokens: jax.Array, *, remat: "str | RematSpec | None" = None) -> jax.Array:
