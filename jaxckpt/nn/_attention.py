@@ -61,6 +61,19 @@ class Attention(nnx.Module):
             theta, scaling = cfg.rope_theta, cfg.rope_scaling
         return rope_tables(jnp.arange(t), cfg.rotary_dim, theta, scaling, max_len=cfg.max_len, seq_len=t)
 
+    def _tables(self, t: int, kinds: tuple[LayerKind, ...], index) -> "tuple[jax.Array, jax.Array] | None":
+        """The RoPE tables of the layer: its kind's, picked by ``index`` among ``kinds``'
+        (a NoPE kind's are the identity: cos 1, sin 0, which rotate nothing, exactly)."""
+        tables = [self._rope(t, kind) for kind in kinds]
+        present = [tab for tab in tables if tab is not None]
+        if not present:
+            return None
+        if len(tables) == 1:
+            return tables[0]
+        identity = (jnp.ones_like(present[0][0]), jnp.zeros_like(present[0][1]))
+        tables = [identity if tab is None else tab for tab in tables]
+        return tuple(jnp.stack(parts)[index] for parts in zip(*tables, strict=True))
+
     def _window(self, kind: LayerKind) -> "tuple[int, int] | None":
         """``flash_attention``'s ``local_window_size`` of a layer of ``kind``: a sliding
         window of W keys (the query's own included) reaches W - 1 back."""
@@ -69,9 +82,27 @@ class Attention(nnx.Module):
             return None
         return (cfg.sliding_window - 1, 0 if cfg.causal else cfg.sliding_window - 1)
 
-    def __call__(self, x: jax.Array, kind: LayerKind = FULL) -> jax.Array:
-        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static)."""
+    def _attend(self, q, key, value, window) -> jax.Array:
         cfg = self.config
+        return flash_attention(
+            q,
+            key,
+            value,
+            scale=cfg.attention_scale,
+            is_causal=cfg.causal,
+            local_window_size=window,
+            logits_soft_cap=cfg.attention_softcap,
+            implementation=cfg.attention,
+        )
+
+    def __call__(
+        self, x: jax.Array, kind: "LayerKind | tuple[LayerKind, ...]" = FULL, index=None
+    ) -> jax.Array:
+        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static), or of the kind
+        ``kind[index]`` when ``kind`` is a tuple and ``index`` a (traced) int: the RoPE
+        tables are then picked by index and the attention by ``lax.switch`` over the
+        distinct windows, so one compiled layer serves every kind."""
+        kinds = kind if isinstance(kind, tuple) else (kind,)
         b, t, _ = x.shape
         n, k, h = self.heads
         heads = ("batch", "seq", "heads", "head_dim")
@@ -80,17 +111,15 @@ class Attention(nnx.Module):
         value = checkpoint_name(constrain(self.v_proj(x).reshape(b, t, k, h), *heads), Tag.V_PROJ)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
-        tables = self._rope(t, kind)
+        tables = self._tables(t, kinds, index)
         if tables is not None:
             q, key = apply_rope(q, *tables), apply_rope(key, *tables)
-        out = flash_attention(
-            q,
-            key,
-            value,
-            scale=cfg.attention_scale,
-            is_causal=cfg.causal,
-            local_window_size=self._window(kind),
-            logits_soft_cap=cfg.attention_softcap,
-            implementation=cfg.attention,
-        )
+        windows = [self._window(kind) for kind in kinds]
+        distinct = list(dict.fromkeys(windows))
+        if len(distinct) == 1:
+            out = self._attend(q, key, value, distinct[0])
+        else:
+            which = jnp.asarray([distinct.index(w) for w in windows])[index]
+            branches = [lambda q, k, v, w=w: self._attend(q, k, v, w) for w in distinct]
+            out = jax.lax.switch(which, branches, q, key, value)
         return checkpoint_name(self.out_proj(out.reshape(b, t, n * h)), Tag.OUT_PROJ)

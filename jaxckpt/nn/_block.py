@@ -39,10 +39,13 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs=rngs)
         self.mlp_post_norm = make_norm(cfg) if cfg.post_norms else None
 
-    def __call__(self, x: jax.Array, kind: LayerKind = FULL) -> jax.Array:
-        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static; see ``LayerKind``)."""
+    def __call__(
+        self, x: jax.Array, kind: "LayerKind | tuple[LayerKind, ...]" = FULL, index=None
+    ) -> jax.Array:
+        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static; see ``LayerKind``), or
+        of ``kind[index]`` for a tuple of kinds and a traced index (see ``Attention``)."""
         x = checkpoint_name(constrain(x, *ACTIVATION), Tag.LAYER_INPUT)
-        h = self.attn(checkpoint_name(self.attn_norm(x), Tag.NORM_OUT), kind)
+        h = self.attn(checkpoint_name(self.attn_norm(x), Tag.NORM_OUT), kind, index)
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = constrain(x + h, *ACTIVATION)
