@@ -87,6 +87,30 @@ def test_save_hf_gives_transformers_the_same_model(saved, tmp_path, family):
     assert torch_bridge.config_from_hf(written) == torch_bridge.config_from_hf(path)
 
 
+ROPE_VARIANTS = {  # Llama 3.x's other scalings (the grid's llama3 has rope_type llama3)
+    "linear": dict(rope_type="linear", rope_theta=500.0, factor=4.0),
+    "yarn": dict(rope_type="yarn", rope_theta=500.0, factor=4.0, original_max_position_embeddings=16),
+    "yarn-mscale": dict(
+        rope_type="yarn", rope_theta=500.0, factor=3.0, mscale=0.7, mscale_all_dim=0.5, beta_fast=16.0
+    )
+    | dict(beta_slow=2.0, original_max_position_embeddings=16),
+}
+
+
+@pytest.mark.parametrize("variant", ROPE_VARIANTS)
+def test_llama_with_every_rope_scaling_matches_transformers(tmp_path, variant):
+    config = tm._family_config("llama3")
+    config.rope_parameters = ROPE_VARIANTS[variant]
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    torch_model = tm._randomized(transformers.LlamaForCausalLM(config), torch.float32)
+    torch_model.save_pretrained(tmp_path / "src")
+    model = torch_bridge.load_hf(tmp_path / "src")
+    assert model.config.rope_scaling.kind == ROPE_VARIANTS[variant]["rope_type"]
+    ids = tm.tokens(length=13)
+    assert np.abs(_logits(model, ids) - tm.torch_logits(torch_model, ids)).max() <= LOGITS_ATOL
+
+
 @pytest.mark.parametrize("fmt", ["safetensors", "pt"])  # the released key layout, and transformers 5's
 def test_the_text_model_of_a_multimodal_gemma3_loads(tmp_path, fmt):
     torch_model = tm.tiny_gemma3_multimodal()
