@@ -87,7 +87,12 @@ class LayerGraph:
             normalised input of a norm, the sigmoid of SwiGLU, the probabilities of a
             materialised softmax...): kept without remat, recomputed under remat.
         attention_tile: bytes of attention scores in flight in the backward pass: one
-            tile when blockwise, the T x S scores and probabilities when materialised.
+            tile when blockwise, the T x S scores and probabilities (and, with a logit
+            soft cap, their tanh) when materialised.
+        weights: bytes of the layer's matrices in the compute dtype. Without remat a
+            layer keeps them (the matmuls' input gradients read them) unless they are
+            the scan's own input: ``predict`` counts them when the compute dtype is not
+            the storage dtype.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -103,6 +108,7 @@ class LayerGraph:
     attention_tile: int
     unkept_reads: frozenset[str] = frozenset()
     recompute_internals: int = 0
+    weights: int = 0
 
     def tagged(self, tags) -> frozenset[str]:
         """Names of the values carrying any of ``tags``."""
@@ -168,9 +174,10 @@ NORM_FLOPS = 5
 SOFTCAP_FLOPS = 3
 """Forward FLOPs per capped logit: ``cap * tanh(s / cap)``."""
 
-SOFTCAP_TILES = 2
+SOFTCAP_TILES = 0
 """Score tiles the blockwise backward holds beyond the probabilities when the logits are
-capped (the capped logits' tanh and its derivative)."""
+capped: none measurable (XLA fuses the tanh into the tile's exponent; Gemma 2 shapes at
+T=1536 in 512-key tiles measured the same peak with and without the cap)."""
 
 FULL = LayerKind()
 """A layer of full attention with RoPE (when the config has RoPE): every uniform stack's kind."""
@@ -213,9 +220,9 @@ class ActivationCost:
 
     Attributes:
         internals: tensors autodiff keeps inside the activation without remat.
-        held: those a recomputed layer holds during its backward pass (XLA fuses plain
-            elementwise chains into the gradient, but keeps the outputs of the jitted
-            ``jax.nn.silu``).
+        held: those a recomputed layer holds during its backward pass (XLA fuses the
+            plain elementwise chain of an ungated GELU into the gradient, but keeps three
+            tensors of a gated activation, the product's operands among them).
         flops: forward FLOPs per element, the gating product included.
 
     Example:
@@ -233,8 +240,9 @@ class ActivationCost:
 ACTIVATION_COSTS = MappingProxyType(
     {
         Activation.SWIGLU: ActivationCost(internals=3, held=3, flops=6),
-        # the tanh GELU's four (x^3 term, tanh, 1 - tanh^2, a product) and its output, for the gate product
-        Activation.GEGLU_TANH: ActivationCost(internals=5, held=0, flops=9),
+        # the tanh GELU's four (x^3 term, tanh, 1 - tanh^2, a product) and its output, for the
+        # gate product; a recomputed layer holds three, as SwiGLU (measured, Gemma 2 shapes)
+        Activation.GEGLU_TANH: ActivationCost(internals=5, held=3, flops=9),
         Activation.GELU_TANH: ActivationCost(internals=4, held=0, flops=8),
         Activation.GELU: ActivationCost(internals=2, held=0, flops=8),
     }
@@ -307,6 +315,7 @@ class _Parts:
     unkept: set[str] = dataclasses.field(default_factory=set)
     internals: int = 0
     held: int = 0
+    weights: int = 0
 
 
 def _projection(
@@ -320,8 +329,9 @@ def _projection(
     widths: tuple[int, int],
     bias: bool,
 ) -> None:
-    """``dst = src @ W (+ b)``; its weight gradient reads ``src``."""
+    """``dst = src @ W (+ b)``; its weight gradient reads ``src``, its input gradient ``W``."""
     d_in, d_out = widths
+    parts.weights += d_in * d_out * cfg.compute_dtype.itemsize
     parts.values.append(Value(dst, tag, rows * d_out * cfg.compute_dtype.itemsize))
     parts.ops.append(Op(name, (src,), (dst,), 2 * rows * d_in * d_out + (rows * d_out if bias else 0)))
     parts.reads.add(src)
@@ -433,4 +443,5 @@ def _layer_graph(cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[Laye
         attention_tile=tile,
         unkept_reads=frozenset(parts.unkept),
         recompute_internals=parts.held,
+        weights=parts.weights,
     )
