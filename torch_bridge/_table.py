@@ -70,10 +70,16 @@ class Rule:
             start += width
 
     def to_torch(self, params: Mapping[str, np.ndarray], layer: int | None) -> np.ndarray:
-        """The torch tensor gathered from ``params`` (a contiguous array)."""
+        """The torch tensor gathered from ``params`` (a contiguous array, built with one copy:
+        fused parts are transposed into their place in the output, in their common dtype)."""
         parts = [params[path][layer] if self.per_layer else params[path] for path in self.jax]
-        tensor = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
-        return np.ascontiguousarray(tensor.T if self.transpose else tensor)
+        if len(parts) == 1:
+            return np.ascontiguousarray(parts[0].T if self.transpose else parts[0])
+        if not self.transpose:
+            return np.ascontiguousarray(np.concatenate(parts, axis=-1))
+        views = [p.T for p in parts]
+        out = np.empty((sum(v.shape[0] for v in views), *views[0].shape[1:]), np.result_type(*parts))
+        return np.concatenate(views, axis=0, out=out)
 
 
 @dataclasses.dataclass(frozen=True)
