@@ -174,31 +174,18 @@ NORM_FLOPS = 5
 SOFTCAP_FLOPS = 3
 """Forward FLOPs per capped logit: ``cap * tanh(s / cap)``."""
 
-SOFTCAP_TILES = 0
-"""Score tiles the blockwise backward holds beyond the probabilities when the logits are
-capped: none measurable (XLA fuses the tanh into the tile's exponent; Gemma 2 shapes at
-T=1536 in 512-key tiles measured the same peak with and without the cap)."""
-
 FULL = LayerKind()
 """A layer of full attention with RoPE (when the config has RoPE): every uniform stack's kind."""
 
 
-def _rms_residuals(itemsize: int, rows: int, width: int) -> tuple[int, bool]:
-    """RMSNorm keeps two fp32 row statistics and the normalised input (fp32, and its cast to
-    a 16-bit compute dtype); in 16 bits its own fp32 copy of the input instead of the input."""
+def _rms_residuals(itemsize: int, rows: int, width: int, *, fp32_product: bool = False) -> tuple[int, bool]:
+    """RMSNorm keeps two fp32 row statistics and the normalised input in fp32; in a 16-bit
+    dtype also its cast (Gemma's ``(1 + w)``, ``fp32_product``: the fp32 product's input
+    instead), and its own fp32 copy of the input instead of the input."""
     stats = 2 * rows * 4
     if itemsize == 4:
         return rows * width * 4 + stats, True
-    return rows * width * (4 + itemsize) + stats, False
-
-
-def _gemma_rms_residuals(itemsize: int, rows: int, width: int) -> tuple[int, bool]:
-    """Gemma's ``(1 + w)`` RMSNorm: as RMSNorm, but the normalised input stays fp32 for the
-    product, so in 16 bits it keeps two fp32 tensors (the input's copy and the normalised)."""
-    stats = 2 * rows * 4
-    if itemsize == 4:
-        return rows * width * 4 + stats, True
-    return rows * width * 8 + stats, False
+    return rows * width * (8 if fp32_product else 4 + itemsize) + stats, False
 
 
 def _layer_norm_residuals(itemsize: int, rows: int, width: int) -> tuple[int, bool]:
@@ -208,7 +195,11 @@ def _layer_norm_residuals(itemsize: int, rows: int, width: int) -> tuple[int, bo
 
 
 NORM_RESIDUALS = MappingProxyType(
-    {Norm.RMS: _rms_residuals, Norm.GEMMA_RMS: _gemma_rms_residuals, Norm.LAYER: _layer_norm_residuals}
+    {
+        Norm.RMS: _rms_residuals,
+        Norm.GEMMA_RMS: functools.partial(_rms_residuals, fp32_product=True),
+        Norm.LAYER: _layer_norm_residuals,
+    }
 )
 """``nn.Norm`` -> ``(itemsize, rows, width) -> (bytes)`` autodiff keeps inside one norm over
 ``width`` features of ``rows`` rows, and whether it also keeps the norm's input."""
@@ -392,12 +383,16 @@ def _attention(
 
 
 def _score_tile(cfg: TransformerConfig, batch: int, seq: int) -> int:
-    """Bytes of attention scores in flight in the backward pass (see ``LayerGraph.attention_tile``)."""
-    capped = cfg.attention_softcap is not None
+    """Bytes of attention scores in flight in the backward pass (see ``LayerGraph.attention_tile``).
+
+    A logit soft cap adds no blockwise tile (XLA fuses the tanh into the tile's exponent:
+    Gemma 2 shapes at T=1536 in 512-key tiles measured the same peak with and without it).
+    """
     if materializes_scores(cfg.attention):  # autodiff keeps scores and probabilities (and the tanh), fp32
+        capped = cfg.attention_softcap is not None
         return (2 + capped) * batch * cfg.n_heads * seq * seq * 4
     blocks = BlockSizes.auto(batch * cfg.n_heads).clamp(seq, seq)
-    return (1 + SOFTCAP_TILES * capped) * batch * cfg.n_heads * blocks.block_q * blocks.block_k * 4
+    return batch * cfg.n_heads * blocks.block_q * blocks.block_k * 4
 
 
 def _mlp(parts: _Parts, cfg: TransformerConfig, n: int) -> None:
