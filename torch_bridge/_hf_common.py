@@ -2,14 +2,13 @@
 
 RoPE: a ``rope_parameters`` dict (transformers >= 5) or ``rope_theta`` + ``rope_scaling``
 (older) <-> ``rope_theta`` and a ``RopeScaling``. Layers: Hugging Face's per-layer lists
-(``layer_types``, SmolLM3's ``no_rope_layers``) <-> ``layer_pattern``, the shortest period.
+(``layer_types``, SmolLM3's ``no_rope_layers``) <-> ``layer_pattern``, the shortest period
+(``jaxckpt.nn.period``).
 """
 
 from collections.abc import Mapping
 
-from jaxckpt.nn import TransformerConfig
-from jaxckpt.nn._choices import LAYER_KINDS
-from jaxckpt.nn._rope_scaling import RopeScaling
+from jaxckpt.nn import LAYER_KINDS, RopeScaling, TransformerConfig
 from torch_bridge._hf_fields import refusal
 
 SCALING_KEYS: dict[str, tuple[str, ...]] = {
@@ -96,19 +95,6 @@ def hf_rope(theta: float, scaling: RopeScaling | None, **extra) -> dict:
             fields["original_max_position_embeddings"] = fields.pop("original_max_len")
         out |= fields
     return out | extra
-
-
-def period(kinds: list[str]) -> tuple[str, ...]:
-    """The shortest prefix of ``kinds`` that, cycled, gives ``kinds`` (a non-periodic list is
-    its own period).
-
-    Example:
-        >>> period(["sliding", "full"] * 3), period(["full", "full", "sliding"])
-        (('sliding', 'full'), ('full', 'full', 'sliding'))
-    """
-    n = len(kinds)
-    p = next(p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(n)))
-    return tuple(kinds[:p])
 
 
 def layer_kind(sliding: bool, rope: bool = True) -> str:

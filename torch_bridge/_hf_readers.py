@@ -10,7 +10,8 @@ except the sizes of a top-level config, which are required (a missing one raises
 
 from collections.abc import Mapping
 
-from torch_bridge._hf_common import flat_rope_params, layer_kind, period, read_layer_types, read_rope
+from jaxckpt.nn import period
+from torch_bridge._hf_common import flat_rope_params, layer_kind, read_layer_types, read_rope
 from torch_bridge._hf_fields import refusal
 
 REQUIRED = object()
@@ -105,7 +106,8 @@ def _pattern(sliding: list[bool], window, rope: list[bool] | None = None) -> dic
     """``layer_pattern`` and ``sliding_window`` of per-layer flags (no window: all full)."""
     rope = rope or [True] * len(sliding)
     kinds = [layer_kind(s and window is not None, r) for s, r in zip(sliding, rope, strict=True)]
-    return dict(layer_pattern=period(kinds), sliding_window=window if any(sliding) and window else None)
+    window = window if any(sliding) and window else None
+    return dict(layer_pattern=tuple(kinds[: period(kinds)]), sliding_window=window)
 
 
 def llama_config(hf: dict, notes: list[str]) -> dict:

@@ -1,4 +1,5 @@
-"""Flax NNX modules: a LLaMA / GPT-2 family decoder built on ``flash_attention`` and remat.
+"""Flax NNX modules: a decoder for the LLaMA, GPT-2, Qwen, Mistral, Gemma, Phi-3 and SmolLM
+families, built on ``flash_attention`` and remat.
 
 Example:
     >>> import jax.numpy as jnp
@@ -14,15 +15,17 @@ from jaxckpt.nn._activation_sharding import activation_sharding, constrain
 from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._build import from_params
-from jaxckpt.nn._choices import GATED, LAYER_KINDS, Activation, LayerKind, Norm, Positions, period
-from jaxckpt.nn._config import PRESETS, TransformerConfig
+from jaxckpt.nn._choices import GATED, LAYER_KINDS, Activation, LayerKind, Norm, Positions, RopeKind, period
+from jaxckpt.nn._config import FAMILY_DEFAULTS, PRESETS, TransformerConfig
 from jaxckpt.nn._layers import Embedding, GemmaRMSNorm, LayerNorm, RMSNorm, logical_axes
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.nn._rope import apply_rope, rope_tables
+from jaxckpt.nn._rope_scaling import RopeScaling, inv_frequencies
 from jaxckpt.nn._stack import run_blocks, segment_sizes
 from jaxckpt.nn._transformer import Transformer
 
 __all__ = [
+    "FAMILY_DEFAULTS",
     "GATED",
     "LAYER_KINDS",
     "MLP",
@@ -37,12 +40,15 @@ __all__ = [
     "Norm",
     "Positions",
     "RMSNorm",
+    "RopeKind",
+    "RopeScaling",
     "Transformer",
     "TransformerConfig",
     "activation_sharding",
     "apply_rope",
     "constrain",
     "from_params",
+    "inv_frequencies",
     "logical_axes",
     "period",
     "rope_tables",
