@@ -1,7 +1,7 @@
 """Planner accuracy per model family: ``plan.predict`` against ``plan.measure`` for every family.
 
 One row per family x remat preset: the predicted and measured peak of one train step and
-the error. The configs are those of ``tests/test_plan_model.py::FAMILIES`` (each family's
+the error. The configs are those of the test grid (``tests/plan_family_cases.py``) (each family's
 preset shrunk to odd sizes in a real model's proportions, its own ops kept), B=2, T=1536,
 AdamW. Memory is XLA's compiled memory analysis (XLA:CPU here): exact and free of noise,
 nothing is run.
@@ -16,35 +16,20 @@ bf16 residuals JAX keeps, as a GPU stores them).
 
 import argparse
 import platform
+import sys
 from pathlib import Path
 
+import _results
 import jax
 from rich.console import Console
 from rich.table import Table
 
-import _results
-from jaxckpt import nn, plan
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+from plan_family_cases import BATCH, FAMILIES, SEQ, family_config
 
-SIZES = dict(d_model=232, n_heads=4, n_kv_heads=2, head_dim=56, ffn_dim=616, vocab_size=1031)
-FAMILIES = {
-    "llama3": ("llama3.2-1b", dict(n_layers=3)),
-    "smollm2": ("smollm2-135m", dict(n_layers=3)),
-    "qwen2.5": ("qwen2.5-0.5b", dict(n_layers=3)),
-    "qwen3": ("qwen3-0.6b", dict(n_layers=3)),
-    "mistral": ("mistral-7b", dict(n_layers=3)),
-    "gemma2": ("gemma2-2b", dict(n_layers=4, sliding_window=600)),
-    "gemma3": ("gemma3-1b", dict(n_layers=7, sliding_window=600)),
-    "phi3": ("phi3-mini", dict(n_layers=3, sliding_window=601, rotary_fraction=0.43, n_kv_heads=4)),
-    "smollm3": ("smollm2-135m", dict(family="smollm3", n_layers=4, layer_pattern=("full", "full_nope"))),
-}
-"""Family -> (preset, overrides of ``SIZES``): the same configs as the test grid."""
+from jaxckpt import plan
+
 MIB = 2**20
-
-
-def config(family: str, dtype: str) -> nn.TransformerConfig:
-    """The family's small config in ``dtype``."""
-    preset, overrides = FAMILIES[family]
-    return nn.TransformerConfig.preset(preset, **{**SIZES, **overrides, "dtype": dtype})
 
 
 def main() -> None:
@@ -52,8 +37,8 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--presets", nargs="+", default=["none", "full", "save_attn", "minimal"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=1536)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--seq", type=int, default=SEQ)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_families.json"))
     args = parser.parse_args()
     console = Console()
@@ -64,7 +49,7 @@ def main() -> None:
         table.add_column(col, justify="left" if col in ("family", "preset") else "right")
     rows = []
     for family in args.families:
-        workload = plan.Workload(config(family, args.dtype), args.batch, args.seq)
+        workload = plan.Workload(family_config(family, args.dtype), args.batch, args.seq)
         for preset in args.presets:
             predicted, measured = plan.predict(workload, preset).total, plan.measure(workload, preset).peak
             error = predicted / measured - 1

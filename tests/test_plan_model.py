@@ -3,6 +3,7 @@
 import itertools
 
 import jax.numpy as jnp
+import plan_family_cases as pfc
 import pytest
 from flax import nnx
 
@@ -17,35 +18,13 @@ CONFIGS = {
 }
 ON_CPU = [name for name, spec in remat.PRESETS.items() if not spec.offload]  # CPU has no pinned_host
 
-_SIZES = dict(d_model=232, n_heads=4, n_kv_heads=2, head_dim=56, ffn_dim=616, vocab_size=1031)
-FAMILIES = {
-    # each family's preset shrunk to odd sizes (head_dim != d_model / n_heads, GQA) in the
-    # proportions of a real model (T = 1536 in 512-key tiles: the tiles do not dominate),
-    # its own features kept: tied heads, rope scalings, biases, q/k norm, windows, patterns
-    "llama3": nn.TransformerConfig.preset("llama3.2-1b", n_layers=3, **_SIZES),
-    "smollm2": nn.TransformerConfig.preset("smollm2-135m", n_layers=3, **_SIZES),
-    "qwen2.5": nn.TransformerConfig.preset("qwen2.5-0.5b", n_layers=3, **_SIZES),  # q/k/v bias, no o bias
-    "qwen3": nn.TransformerConfig.preset("qwen3-0.6b", n_layers=3, **_SIZES),  # q/k norm
-    "mistral": nn.TransformerConfig.preset("mistral-7b", n_layers=3, **_SIZES),
-    # (1 + w) norms, post norms, GeGLU, embedding scale, both soft caps, sliding / full
-    "gemma2": nn.TransformerConfig.preset("gemma2-2b", n_layers=4, sliding_window=600, **_SIZES),
-    # and q/k norm, five sliding layers to one full one, a local RoPE base
-    "gemma3": nn.TransformerConfig.preset("gemma3-1b", n_layers=7, sliding_window=600, **_SIZES),
-    # every layer sliding, partial rotary (24 of 56 dims)
-    "phi3": nn.TransformerConfig.preset(
-        "phi3-mini", n_layers=3, sliding_window=601, rotary_fraction=0.43, **{**_SIZES, "n_kv_heads": 4}
-    ),
-    # NoPE every second layer (no preset: SmolLM2's sizes)
-    "smollm3": nn.TransformerConfig.preset(
-        "smollm2-135m", family="smollm3", n_layers=4, layer_pattern=("full", "full_nope"), **_SIZES
-    ),
-}
-"""Small configs of every family beyond LLaMA-2 and GPT-2. The published models compute in
+FAMILIES = {name: pfc.family_config(name) for name in pfc.FAMILIES}
+"""``plan_family_cases``' configs, in bf16 as the presets. The published models compute in
 bf16; ``measure`` runs on XLA:CPU, which turns the bf16 residuals it stores into fp32 copies
 for the backward pass (a bf16 Llama layer's slope measured 1.9x its residuals), so the grid
 against ``measure`` runs these in fp32 and the bf16 residuals are checked against JAX's own
 (``test_family_residuals_match_jax_saved_residuals``)."""
-FAMILY_BATCH, FAMILY_SEQ = 2, 1536
+FAMILY_BATCH, FAMILY_SEQ = pfc.BATCH, pfc.SEQ
 
 
 def _error(config, batch, seq, preset, optimizer="adamw") -> float:
