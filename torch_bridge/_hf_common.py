@@ -56,7 +56,7 @@ def read_rope(
 
     Example:
         >>> read_rope("rope_scaling", {"rope_type": "linear", "factor": 2.0}, {}, theta=1e4)
-        (10000.0, RopeScaling(kind=<RopeKind.LINEAR: 'linear'>, factor=2.0))
+        (10000.0, RopeScaling(kind='linear', factor=2.0))
     """
     kind = params.get("rope_type", params.get("type", "default"))
     kind = (aliases or {}).get(kind, kind)

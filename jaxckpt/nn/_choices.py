@@ -10,7 +10,19 @@ import enum
 from types import MappingProxyType
 
 
-class Norm(enum.StrEnum):
+class Choice(enum.StrEnum):
+    """A member of a closed choice set; its repr is its string, as the config was written.
+
+    Example:
+        >>> Norm.RMS, str(Norm.RMS), Norm("rms") is Norm.RMS
+        ('rms', 'rms', True)
+    """
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Norm(Choice):
     """The normalisation of every norm in the model.
 
     ``RMS``: ``x / rms(x) * w`` (LLaMA). ``LAYER``: ``(x - mean) / std * w + b`` (GPT-2).
@@ -26,7 +38,7 @@ class Norm(enum.StrEnum):
     GEMMA_RMS = "gemma_rms"
 
 
-class Activation(enum.StrEnum):
+class Activation(Choice):
     """The MLP's activation. The gated ones (``GATED``) have a gate projection.
 
     ``SWIGLU``: ``down(silu(gate(x)) * up(x))`` (LLaMA, Qwen, Mistral, Phi-3).
@@ -48,13 +60,13 @@ GATED = frozenset({Activation.SWIGLU, Activation.GEGLU_TANH})
 """The activations whose MLP has a gate projection."""
 
 
-class Positions(enum.StrEnum):
+class Positions(Choice):
     """How positions enter the model: rotary (in attention), learned (added to the
     embeddings) or none.
 
     Example:
-        >>> Positions("learned")
-        <Positions.LEARNED: 'learned'>
+        >>> Positions("learned") is Positions.LEARNED
+        True
     """
 
     ROPE = "rope"
@@ -62,7 +74,7 @@ class Positions(enum.StrEnum):
     NONE = "none"
 
 
-class RopeKind(enum.StrEnum):
+class RopeKind(Choice):
     """A RoPE frequency scaling, as Hugging Face's ``rope_type`` names it.
 
     ``LINEAR`` divides positions by ``factor``; ``LLAMA3`` rescales the low frequencies

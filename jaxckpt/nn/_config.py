@@ -83,7 +83,7 @@ class TransformerConfig:
         >>> from jaxckpt.nn import TransformerConfig
         >>> cfg = TransformerConfig.preset("tiny", n_layers=2)
         >>> cfg.n_layers, cfg.norm, cfg.head_dim
-        (2, <Norm.RMS: 'rms'>, 32)
+        (2, 'rms', 32)
     """
 
     family: str = "llama"

@@ -79,7 +79,7 @@ class RopeScaling:
 
     Example:
         >>> RopeScaling.from_dict({"rope_type": "linear", "factor": 8.0})
-        RopeScaling(kind=<RopeKind.LINEAR: 'linear'>, factor=8.0)
+        RopeScaling(kind='linear', factor=8.0)
         >>> RopeScaling(kind="dynamic", factor=2.0)
         Traceback (most recent call last):
         ValueError: rope_scaling.kind='dynamic' is not implemented (dynamic NTK ...

@@ -29,21 +29,20 @@ def _stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs) -> Block:
 
 
 class Transformer(nnx.Module):
-    """A decoder-only transformer (LLaMA or GPT-2 family) with remat'd scanned blocks.
+    """A decoder-only transformer (every family of ``FAMILY_DEFAULTS``) with remat'd scanned blocks.
 
-        Args:
-            config: sizes and choices; ``config.remat`` is the default remat spec.
-            rngs: parameter initialisation keys.
+    Args:
+        config: sizes and choices; ``config.remat`` is the default remat spec.
+        rngs: parameter initialisation keys.
 
-        Example:
-            >>> import jax.numpy as jnp
-    import numpy as np
-            >>> from flax import nnx
-            >>> from jaxckpt.nn import Transformer, TransformerConfig
-            >>> cfg = TransformerConfig.preset("tiny", n_layers=2, d_model=16, n_heads=2, ffn_dim=24)
-            >>> model = Transformer(cfg, rngs=nnx.Rngs(0))
-            >>> model(jnp.zeros((3, 5), jnp.int32)).shape
-            (3, 5, 256)
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt.nn import Transformer, TransformerConfig
+        >>> cfg = TransformerConfig.preset("tiny", n_layers=2, d_model=16, n_heads=2, ffn_dim=24)
+        >>> model = Transformer(cfg, rngs=nnx.Rngs(0))
+        >>> model(jnp.zeros((3, 5), jnp.int32)).shape
+        (3, 5, 256)
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
