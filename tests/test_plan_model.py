@@ -130,9 +130,18 @@ def test_per_layer_residuals_without_remat_match_the_measured_slope(family, atte
     assert per_layer == pytest.approx(three - two, rel=0.05)
 
 
+NEW_OPS = ("qwen3", "gemma2", "gemma3", "phi3", "smollm3")
+"""The families whose layers have ops plain LLaMA's have not (q/k norm, post norms, GeGLU,
+partial rotary, NoPE): every preset of the grid. The others (tied heads, q/k/v biases, a
+window) change no residual of a LLaMA layer, whose presets ``test_prediction_within_10_percent``
+covers: ``full`` for them."""
+FAMILY_GRID = [
+    (f, p) for f in FAMILIES for p in ("none", "full", "save_attn", "minimal") if f in NEW_OPS or p == "full"
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["none", "full", "save_attn", "minimal"])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(("family", "preset"), FAMILY_GRID)
 def test_every_family_predicts_within_10_percent(family, preset):
     config = FAMILIES[family].replace(dtype="float32")
     assert abs(_error(config, FAMILY_BATCH, FAMILY_SEQ, preset)) <= 0.10
