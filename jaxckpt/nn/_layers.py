@@ -97,18 +97,24 @@ class RMSNorm(nnx.Module):
         [[1.0, -1.0]]
     """
 
+    SCALE_INIT = staticmethod(jnp.ones)
+    """The scale's initialiser (the identity)."""
+
     def __init__(
         self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32, axis: str = "embed"
     ):
-        self.scale = nnx.Param(jnp.ones((features,), param_dtype), **{LOGICAL_AXES: (axis,)})
+        self.scale = nnx.Param(self.SCALE_INIT((features,), param_dtype), **{LOGICAL_AXES: (axis,)})
         self.eps = eps
         self.dtype = dtype
 
+    def normalized(self, x: jax.Array) -> jax.Array:
+        """``x / rms(x)`` over the last axis, in fp32."""
+        x32 = x.astype(jnp.float32)
+        return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalizes the last axis of ``x``."""
-        x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return x32.astype(self.dtype) * _along_last(self.scale[...].astype(self.dtype), x.ndim)
+        return self.normalized(x).astype(self.dtype) * _along_last(self.scale[...].astype(self.dtype), x.ndim)
 
 
 class LayerNorm(nnx.Module):
@@ -139,7 +145,7 @@ class LayerNorm(nnx.Module):
         return y * scale + bias
 
 
-class GemmaRMSNorm(nnx.Module):
+class GemmaRMSNorm(RMSNorm):
     """``x / rms(x) * (1 + scale)``, all in fp32 and cast back (as Hugging Face Gemma 2 and 3).
 
     The scale starts at zero (the identity), as Gemma stores it.
@@ -151,18 +157,13 @@ class GemmaRMSNorm(nnx.Module):
         [[1.0, -1.0]]
     """
 
-    def __init__(
-        self, features: int, *, eps: float, dtype=jnp.float32, param_dtype=jnp.float32, axis: str = "embed"
-    ):
-        self.scale = nnx.Param(jnp.zeros((features,), param_dtype), **{LOGICAL_AXES: (axis,)})
-        self.eps = eps
-        self.dtype = dtype
+    SCALE_INIT = staticmethod(jnp.zeros)
+    """The scale's initialiser (``1 + 0``: the identity)."""
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalizes the last axis of ``x``."""
-        x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (x32 * (1.0 + _along_last(self.scale[...].astype(jnp.float32), x.ndim))).astype(self.dtype)
+        scale = 1.0 + _along_last(self.scale[...].astype(jnp.float32), x.ndim)
+        return (self.normalized(x) * scale).astype(self.dtype)
 
 
 NORMS = {Norm.RMS: RMSNorm, Norm.LAYER: LayerNorm, Norm.GEMMA_RMS: GemmaRMSNorm}
