@@ -111,6 +111,20 @@ def test_llama_with_every_rope_scaling_matches_transformers(tmp_path, variant):
     assert np.abs(_logits(model, ids) - tm.torch_logits(torch_model, ids)).max() <= LOGITS_ATOL
 
 
+def test_qwen2_with_its_window_on_in_the_upper_layers_matches_transformers(tmp_path):
+    config = tm._family_config("qwen2")
+    config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 4, 1
+    config.layer_types = ["full_attention"] + ["sliding_attention"] * (config.num_hidden_layers - 1)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    torch_model = tm._randomized(transformers.Qwen2ForCausalLM(config), torch.float32)
+    torch_model.save_pretrained(tmp_path / "src")
+    model = torch_bridge.load_hf(tmp_path / "src")
+    assert model.config.layer_pattern == ("full", "sliding", "sliding") and model.config.sliding_window == 4
+    ids = tm.tokens(length=13)
+    assert np.abs(_logits(model, ids) - tm.torch_logits(torch_model, ids)).max() <= LOGITS_ATOL
+
+
 @pytest.mark.parametrize("fmt", ["safetensors", "pt"])  # the released key layout, and transformers 5's
 def test_the_text_model_of_a_multimodal_gemma3_loads(tmp_path, fmt):
     torch_model = tm.tiny_gemma3_multimodal()
