@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxckpt._sizes import parse_size
 from torch_bridge._dlpack import numpy_to_tensor
-from torch_bridge._sources import SAFETENSORS_DTYPES
+from torch_bridge._file_readers import SAFETENSORS_DTYPES
 from torch_bridge._torch import torch
 
 SINGLE_FILE = "model.safetensors"
