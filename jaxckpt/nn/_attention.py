@@ -9,6 +9,7 @@ from jaxckpt.attention import flash_attention
 from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._choices import LayerKind, Positions
 from jaxckpt.nn._config import TransformerConfig
+from jaxckpt.nn._kv_cache import LayerCache
 from jaxckpt.nn._layers import make_dense, make_norm
 from jaxckpt.nn._rope import apply_rope, rope_tables
 from jaxckpt.remat import Tag
@@ -50,8 +51,9 @@ class Attention(nnx.Module):
         self.heads = (n, k, h)
         self.config = cfg
 
-    def _rope(self, t: int, kind: LayerKind) -> "tuple[jax.Array, jax.Array] | None":
-        """The cos / sin tables of a layer of ``kind`` at length ``t`` (None: no RoPE)."""
+    def _rope(self, positions: jax.Array, kind: LayerKind) -> "tuple[jax.Array, jax.Array] | None":
+        """The cos / sin tables of a layer of ``kind`` at ``positions [T]`` or ``[B, T]``
+        (None: no RoPE). Longrope picks its factors by the static length ``T``."""
         cfg = self.config
         if cfg.positions != Positions.ROPE or not kind.rope:
             return None
@@ -59,12 +61,15 @@ class Attention(nnx.Module):
             theta, scaling = cfg.local_rope_theta, None
         else:
             theta, scaling = cfg.rope_theta, cfg.rope_scaling
-        return rope_tables(jnp.arange(t), cfg.rotary_dim, theta, scaling, max_len=cfg.max_len, seq_len=t)
+        t = positions.shape[-1]
+        return rope_tables(positions, cfg.rotary_dim, theta, scaling, max_len=cfg.max_len, seq_len=t)
 
-    def _tables(self, t: int, kinds: tuple[LayerKind, ...], index) -> "tuple[jax.Array, jax.Array] | None":
+    def _tables(
+        self, positions: jax.Array, kinds: tuple[LayerKind, ...], index
+    ) -> "tuple[jax.Array, jax.Array] | None":
         """The RoPE tables of the layer: its kind's, picked by ``index`` among ``kinds``'
         (a NoPE kind's are the identity: cos 1, sin 0, which rotate nothing, exactly)."""
-        tables = [self._rope(t, kind) for kind in kinds]
+        tables = [self._rope(positions, kind) for kind in kinds]
         present = [tab for tab in tables if tab is not None]
         if not present:
             return None
@@ -82,27 +87,23 @@ class Attention(nnx.Module):
             return None
         return (cfg.sliding_window - 1, 0 if cfg.causal else cfg.sliding_window - 1)
 
-    def _attend(self, q, key, value, window) -> jax.Array:
+    def _attend(self, q, key, value, window, segment_ids=None, mask=None) -> jax.Array:
         cfg = self.config
         return flash_attention(
             q,
             key,
             value,
+            mask=mask,
             scale=cfg.attention_scale,
-            is_causal=cfg.causal,
-            local_window_size=window,
+            is_causal=cfg.causal and mask is None,
+            local_window_size=window if mask is None else None,
+            segment_ids=segment_ids,
             logits_soft_cap=cfg.attention_softcap,
             implementation=cfg.attention,
         )
 
-    def __call__(
-        self, x: jax.Array, kind: "LayerKind | tuple[LayerKind, ...]" = FULL, index=None
-    ) -> jax.Array:
-        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static), or of the kind
-        ``kind[index]`` when ``kind`` is a tuple and ``index`` a (traced) int: the RoPE
-        tables are then picked by index and the attention by ``lax.switch`` over the
-        distinct windows, so one compiled layer serves every kind."""
-        kinds = kind if isinstance(kind, tuple) else (kind,)
+    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q ``[B, T, N, H]``, k and v ``[B, T, K, H]``, tagged, q/k-normed when configured."""
         b, t, _ = x.shape
         n, k, h = self.heads
         heads = ("batch", "seq", "heads", "head_dim")
@@ -111,15 +112,57 @@ class Attention(nnx.Module):
         value = checkpoint_name(constrain(self.v_proj(x).reshape(b, t, k, h), *heads), Tag.V_PROJ)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
-        tables = self._tables(t, kinds, index)
+        return q, key, value
+
+    def __call__(
+        self,
+        x: jax.Array,
+        kind: "LayerKind | tuple[LayerKind, ...]" = FULL,
+        index=None,
+        *,
+        positions: "jax.Array | None" = None,
+        segment_ids: "jax.Array | None" = None,
+        cache: "LayerCache | None" = None,
+    ):
+        """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static), or of the kind
+        ``kind[index]`` when ``kind`` is a tuple and ``index`` a (traced) int: the RoPE
+        tables are then picked by index and the attention by ``lax.switch`` over the
+        distinct windows, so one compiled layer serves every kind.
+
+        Args:
+            positions: ``[B, T]`` (or ``[T]``) integer positions for RoPE; default
+                ``0..T-1`` (``cache.start + 0..T-1`` with a cache). Packed rows restart
+                them at 0 in each document.
+            segment_ids: ``[B, T]`` integer ids; a query attends only to keys of its own
+                segment (packed documents). Not with a cache.
+            cache: this layer's ``LayerCache``: the new keys and values are written at
+                ``cache.start`` and the queries attend to every cached key before them
+                (decoding). The call then returns ``(out, new_cache)``.
+        """
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        b, t, _ = x.shape
+        n, _, h = self.heads
+        q, key, value = self._project(x)
+        if positions is None:
+            positions = jnp.arange(t) if cache is None else cache.start + jnp.arange(t)
+        tables = self._tables(positions, kinds, index)
         if tables is not None:
             q, key = apply_rope(q, *tables), apply_rope(key, *tables)
         windows = [self._window(kind) for kind in kinds]
+        if cache is not None:
+            if segment_ids is not None:
+                raise ValueError(
+                    "Attention: segment_ids and a KV cache do not go together; decode one sequence per row"
+                )
+            cache = cache.write(key, value)
+            mask = cache.mask(t, windows, index, causal=self.config.causal)
+            out = self._attend(q, cache.key, cache.value, None, mask=mask)
+            return checkpoint_name(self.out_proj(out.reshape(b, t, n * h)), Tag.OUT_PROJ), cache
         distinct = list(dict.fromkeys(windows))
         if len(distinct) == 1:
-            out = self._attend(q, key, value, distinct[0])
+            out = self._attend(q, key, value, distinct[0], segment_ids)
         else:
             which = jnp.asarray([distinct.index(w) for w in windows])[index]
-            branches = [lambda q, k, v, w=w: self._attend(q, k, v, w) for w in distinct]
+            branches = [lambda q, k, v, w=w: self._attend(q, k, v, w, segment_ids) for w in distinct]
             out = jax.lax.switch(which, branches, q, key, value)
         return checkpoint_name(self.out_proj(out.reshape(b, t, n * h)), Tag.OUT_PROJ)

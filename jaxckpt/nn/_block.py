@@ -8,6 +8,7 @@ from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._attention import FULL, Attention
 from jaxckpt.nn._choices import LayerKind
 from jaxckpt.nn._config import TransformerConfig
+from jaxckpt.nn._kv_cache import LayerCache
 from jaxckpt.nn._layers import make_norm
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.remat import Tag
@@ -40,16 +41,35 @@ class Block(nnx.Module):
         self.mlp_post_norm = make_norm(cfg) if cfg.post_norms else None
 
     def __call__(
-        self, x: jax.Array, kind: "LayerKind | tuple[LayerKind, ...]" = FULL, index=None
-    ) -> jax.Array:
+        self,
+        x: jax.Array,
+        kind: "LayerKind | tuple[LayerKind, ...]" = FULL,
+        index=None,
+        *,
+        positions: "jax.Array | None" = None,
+        segment_ids: "jax.Array | None" = None,
+        cache: "LayerCache | None" = None,
+    ):
         """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static; see ``LayerKind``), or
-        of ``kind[index]`` for a tuple of kinds and a traced index (see ``Attention``)."""
+        of ``kind[index]`` for a tuple of kinds and a traced index (see ``Attention``, which
+        also takes ``positions``, ``segment_ids`` and ``cache``; with a cache the call
+        returns ``(x, new_cache)``)."""
         x = checkpoint_name(constrain(x, *ACTIVATION), Tag.LAYER_INPUT)
-        h = self.attn(checkpoint_name(self.attn_norm(x), Tag.NORM_OUT), kind, index)
+        h = self.attn(
+            checkpoint_name(self.attn_norm(x), Tag.NORM_OUT),
+            kind,
+            index,
+            positions=positions,
+            segment_ids=segment_ids,
+            cache=cache,
+        )
+        if cache is not None:
+            h, cache = h
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = constrain(x + h, *ACTIVATION)
         h = self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT))
         if self.mlp_post_norm is not None:
             h = self.mlp_post_norm(h)
-        return constrain(x + h, *ACTIVATION)
+        x = constrain(x + h, *ACTIVATION)
+        return x if cache is None else (x, cache)

@@ -23,9 +23,12 @@ from flax import nnx
 from jaxckpt.nn._attention import FULL
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._choices import LayerKind
+from jaxckpt.nn._kv_cache import KVCache, LayerCache
 from jaxckpt.remat import RematSpec
 
-Segment = Callable[[jax.Array, Block, jax.Array], jax.Array]
+Segment = Callable[[jax.Array, Block, jax.Array, "dict | None"], jax.Array]
+"""``(x, blocks, kind_indices, context) -> x``; ``context`` holds the arrays every layer
+reads alike (``positions``, ``segment_ids``), or is None."""
 
 
 def distinct_kinds(kinds: "tuple[LayerKind, ...]") -> tuple[tuple[LayerKind, ...], np.ndarray]:
@@ -43,17 +46,16 @@ def distinct_kinds(kinds: "tuple[LayerKind, ...]") -> tuple[tuple[LayerKind, ...
 
 
 def _layer(kinds: tuple[LayerKind, ...]) -> Segment:
-    """One layer: ``(x, block, kind_index) -> x``; the index picks among ``kinds`` when
-    there are several (``Block.__call__``)."""
-    if len(kinds) == 1:
-        return lambda x, block, index: block(x, kinds[0])
-    return lambda x, block, index: block(x, kinds, index)
+    """One layer: ``(x, block, kind_index, context) -> x``; the index picks among ``kinds``
+    when there are several (``Block.__call__``)."""
+    kind = kinds[0] if len(kinds) == 1 else kinds
+    return lambda x, block, index, context: block(x, kind, index, **(context or {}))
 
 
 def _scan(segment: Segment) -> Segment:
     """``segment`` scanned over the leading (layer or segment) axis of the blocks and kind
-    indices, x the carry."""
-    return nnx.scan(segment, in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)
+    indices, x the carry, the context the same for every step."""
+    return nnx.scan(segment, in_axes=(nnx.Carry, 0, 0, None), out_axes=nnx.Carry)
 
 
 def _take_layers(blocks: Block, start: int, stop: int, lead: tuple[int, ...]) -> Block:
@@ -64,7 +66,7 @@ def _take_layers(blocks: Block, start: int, stop: int, lead: tuple[int, ...]) ->
 
 
 def remat_segment(spec: RematSpec, kinds: tuple[LayerKind, ...], k: int) -> Segment:
-    """One remat segment of ``k`` layers: ``(x, blocks, kind_indices) -> x``.
+    """One remat segment of ``k`` layers: ``(x, blocks, kind_indices, context) -> x``.
 
     For ``k == 1`` ``blocks`` is a single block; otherwise its parameters are stacked
     on a leading axis of size k and scanned, each layer its own ``nnx.remat`` nested in
@@ -115,7 +117,7 @@ def distinct_segments(
     spec: RematSpec, kinds: "tuple[LayerKind, ...]"
 ) -> list[tuple[Segment, int, np.ndarray, int]]:
     """``(fn, size, kind_indices, count)`` for each distinct remat segment of the stack,
-    for ``remat.describe``: ``fn(x, blocks, kind_indices)`` runs one segment of ``size``
+    for ``remat.describe``: ``fn(x, blocks, kind_indices, None)`` runs one segment of ``size``
     layers, and ``count`` segments are like it. A single-layer segment counts once per
     kind (each analysed alone); a longer one mixes kinds, and the first stands for all.
     """
@@ -140,7 +142,12 @@ def distinct_segments(
 
 
 def run_blocks(
-    blocks: Block, x: jax.Array, spec: RematSpec, n_layers: int, kinds: "tuple[LayerKind, ...] | None" = None
+    blocks: Block,
+    x: jax.Array,
+    spec: RematSpec,
+    n_layers: int,
+    kinds: "tuple[LayerKind, ...] | None" = None,
+    context: "dict | None" = None,
 ) -> jax.Array:
     """Applies the stacked blocks to ``x`` under ``spec``.
 
@@ -155,6 +162,8 @@ def run_blocks(
 
     Args:
         kinds: one ``LayerKind`` per layer (``config.layer_kinds``); default: all full.
+        context: keyword arguments every layer gets alike: ``positions`` and
+            ``segment_ids`` (``Attention.__call__``); None: none.
 
     Example:
         >>> import jax.numpy as jnp
@@ -177,5 +186,20 @@ def run_blocks(
             lead = () if stop - start == 1 else (-1,)
             segment = remat_segment(spec, distinct, stop - start)
         indices = jnp.asarray(index[start:stop].reshape(lead))
-        x = segment(x, _take_layers(blocks, start, stop, lead), indices)
+        x = segment(x, _take_layers(blocks, start, stop, lead), indices, context)
     return x
+
+
+def run_blocks_cached(blocks: Block, x: jax.Array, kinds: "tuple[LayerKind, ...]", cache: KVCache):
+    """The stack without remat over ``x [B, T, D]`` with a ``KVCache``: one scan over the
+    layers and their cache slices; returns ``(x, new_cache)`` (``start`` advanced by T)."""
+    distinct, index = distinct_kinds(tuple(kinds))
+    layer = _layer(distinct)
+
+    def step(x, block, kind_index, key, value):
+        x, new = layer(x, block, kind_index, {"cache": LayerCache(key, value, cache.start)})
+        return x, (new.key, new.value)
+
+    scan = nnx.scan(step, in_axes=(nnx.Carry, 0, 0, 0, 0), out_axes=(nnx.Carry, 0))
+    x, (key, value) = scan(x, blocks, jnp.asarray(index), cache.key, cache.value)
+    return x, KVCache(key, value, cache.start + x.shape[1])

@@ -11,8 +11,9 @@ from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._block import ACTIVATION, Block
 from jaxckpt.nn._choices import Positions
 from jaxckpt.nn._config import TransformerConfig
+from jaxckpt.nn._kv_cache import KVCache
 from jaxckpt.nn._layers import Embedding, make_dense, make_norm
-from jaxckpt.nn._stack import distinct_segments, run_blocks
+from jaxckpt.nn._stack import distinct_segments, run_blocks, run_blocks_cached
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 
@@ -84,21 +85,42 @@ class Transformer(nnx.Module):
             )
 
             def fn(x, params, segment=segment, indices=indices):
-                return segment(x, nnx.merge(graphdef, params), jnp.asarray(indices))
+                return segment(x, nnx.merge(graphdef, params), jnp.asarray(indices), None)
 
             out.append((fn, (x, params), count))
         return out
 
-    def __call__(self, tokens: jax.Array, *, remat: "str | RematSpec | None" = None) -> jax.Array:
-        """Logits ``[B, T, V]`` (compute dtype) for ``tokens [B, T]``.
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        """An empty ``KVCache`` for ``batch`` sequences of up to ``max_len`` tokens
+        (``<= config.max_len``), in the compute dtype unless ``dtype`` is given.
 
-        Args:
-            tokens: integer token ids ``[B, T]`` with ``T <= config.max_len``.
-            remat: overrides ``config.remat`` for this call.
-
-        Raises:
-            ValueError: for a wrong rank, a non-integer dtype or ``T > max_len``.
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from flax import nnx
+            >>> from jaxckpt.nn import Transformer, TransformerConfig
+            >>> model = Transformer(TransformerConfig.preset("tiny", n_layers=2), rngs=nnx.Rngs(0))
+            >>> cache = model.init_cache(1, 9)
+            >>> logits, cache = model(jnp.zeros((1, 4), jnp.int32), cache=cache)  # prefill
+            >>> logits, cache = model(jnp.zeros((1, 1), jnp.int32), cache=cache)  # one decode step
+            >>> logits.shape, int(cache.start)
+            ((1, 1, 256), 5)
         """
+        cfg = self.config
+        if max_len > cfg.max_len:
+            raise ValueError(
+                f"init_cache: max_len={max_len} exceeds config.max_len={cfg.max_len}; "
+                "the prompt plus the new tokens must fit the model's context"
+            )
+        return KVCache.empty(
+            n_layers=cfg.n_layers,
+            batch=batch,
+            max_len=max_len,
+            kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=cfg.compute_dtype if dtype is None else dtype,
+        )
+
+    def _check(self, tokens: jax.Array, positions, segment_ids) -> None:
         cfg = self.config
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ValueError(f"tokens must be an integer array [B, T], got {tokens.shape=} {tokens.dtype=}")
@@ -108,16 +130,86 @@ class Transformer(nnx.Module):
                 f"sequence length T={t} exceeds config.max_len={cfg.max_len}: feed at most max_len "
                 "tokens per sequence, or build the model with a larger max_len"
             )
-        spec = get_remat(cfg.remat if remat is None else remat)
+        for name, arr in (("positions", positions), ("segment_ids", segment_ids)):
+            if arr is not None and (arr.shape != tokens.shape or not jnp.issubdtype(arr.dtype, jnp.integer)):
+                raise ValueError(
+                    f"{name} must be an integer array shaped like tokens {tokens.shape}, "
+                    f"got {arr.shape=} {arr.dtype=}"
+                )
+
+    def _embed(self, tokens: jax.Array, positions) -> jax.Array:
+        cfg = self.config
         x = self.embed(tokens)
         if cfg.embed_scale:  # Gemma: sqrt(d_model) rounded to the activations' dtype first
             x = x * jnp.asarray(math.sqrt(cfg.d_model), x.dtype)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(jnp.arange(t))[None]
-        x = run_blocks(self.blocks, constrain(x, *ACTIVATION), spec, cfg.n_layers, cfg.layer_kinds)
-        x = self.final_norm(x)
+            x = x + self.pos_embed(jnp.arange(tokens.shape[1])[None] if positions is None else positions)
+        return constrain(x, *ACTIVATION)
+
+    def features(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: "jax.Array | None" = None,
+        segment_ids: "jax.Array | None" = None,
+        remat: "str | RematSpec | None" = None,
+    ) -> jax.Array:
+        """The final-normed hidden states ``[B, T, D]`` that ``logits`` maps to the
+        vocabulary (``__call__`` is ``logits(features(...))``); see ``__call__`` for the arguments."""
+        cfg = self.config
+        self._check(tokens, positions, segment_ids)
+        spec = get_remat(cfg.remat if remat is None else remat)
+        context = {"positions": positions, "segment_ids": segment_ids}
+        if positions is None and segment_ids is None:
+            context = None
+        x = run_blocks(
+            self.blocks, self._embed(tokens, positions), spec, cfg.n_layers, cfg.layer_kinds, context
+        )
+        return self.final_norm(x)
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """The head (or the tied embedding) and the logit soft cap on hidden states ``[..., D]``."""
+        cfg = self.config
         logits = self.embed.attend(x) if self.head is None else self.head(x)
         if cfg.logits_softcap is not None:
             cap = jnp.asarray(cfg.logits_softcap, logits.dtype)
             logits = cap * jnp.tanh(logits / cap)
-        return constrain(logits, "batch", "seq", "vocab")
+        return logits
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: "jax.Array | None" = None,
+        segment_ids: "jax.Array | None" = None,
+        cache: "KVCache | None" = None,
+        remat: "str | RematSpec | None" = None,
+    ):
+        """Logits ``[B, T, V]`` (compute dtype) for ``tokens [B, T]``.
+
+        Args:
+            tokens: integer token ids ``[B, T]`` with ``T <= config.max_len``.
+            positions: ``[B, T]`` integer positions (RoPE or learned); default ``0..T-1``.
+                Packed rows restart them at 0 in every document.
+            segment_ids: ``[B, T]`` integer document ids: attention stays inside each
+                document (packed rows; padding may be its own segment, e.g. 0).
+            cache: a ``KVCache`` (``init_cache``): the tokens continue the cached ones
+                (positions from ``cache.start``), and the call returns ``(logits, cache)``.
+            remat: overrides ``config.remat`` for this call (no remat with a cache).
+
+        Raises:
+            ValueError: for a wrong rank, a non-integer dtype, ``T > max_len``, or
+                positions / segment ids not shaped like ``tokens``.
+        """
+        if cache is None:
+            x = self.features(tokens, positions=positions, segment_ids=segment_ids, remat=remat)
+            return constrain(self.logits(x), "batch", "seq", "vocab")
+        self._check(tokens, positions, segment_ids)
+        if segment_ids is not None or positions is not None:
+            raise ValueError("with a cache, positions follow cache.start and segment_ids are not taken")
+        if positions is None and self.pos_embed is not None:
+            positions = cache.start + jnp.arange(tokens.shape[1])[None]
+        x, cache = run_blocks_cached(
+            self.blocks, self._embed(tokens, positions), self.config.layer_kinds, cache
+        )
+        return self.logits(self.final_norm(x)), cache
