@@ -91,7 +91,7 @@ def test_bad_positions_and_cache_arguments_are_named():
         model(tokens, positions=jnp.zeros((1, 4), jnp.int32))
     with pytest.raises(ValueError, match="segment_ids must be"):
         model(tokens, segment_ids=jnp.zeros((1, 5)))
-    with pytest.raises(ValueError, match="init_cache: max_len=40 exceeds config.max_len=32"):
+    with pytest.raises(ValueError, match=r"init_cache: max_len=40 exceeds config\.max_len=32"):
         model.init_cache(1, 40)
     with pytest.raises(ValueError, match="with a cache"):
         model(tokens, segment_ids=jnp.ones((1, 5), jnp.int32), cache=model.init_cache(1, 8))

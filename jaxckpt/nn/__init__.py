@@ -17,12 +17,12 @@ from jaxckpt.nn._block import Block
 from jaxckpt.nn._build import from_params
 from jaxckpt.nn._choices import GATED, LAYER_KINDS, Activation, LayerKind, Norm, Positions, RopeKind, period
 from jaxckpt.nn._config import FAMILY_DEFAULTS, PRESETS, TransformerConfig
-from jaxckpt.nn._kv_cache import KVCache, LayerCache
+from jaxckpt.nn._kv_cache import KVCache
 from jaxckpt.nn._layers import Embedding, GemmaRMSNorm, LayerNorm, RMSNorm, logical_axes
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.nn._rope import apply_rope, rope_tables
 from jaxckpt.nn._rope_scaling import RopeScaling, inv_frequencies
-from jaxckpt.nn._stack import run_blocks, run_blocks_cached, segment_sizes
+from jaxckpt.nn._stack import run_blocks, segment_sizes
 from jaxckpt.nn._transformer import Transformer
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "Embedding",
     "GemmaRMSNorm",
     "KVCache",
-    "LayerCache",
     "LayerKind",
     "LayerNorm",
     "Norm",
@@ -56,6 +55,5 @@ __all__ = [
     "period",
     "rope_tables",
     "run_blocks",
-    "run_blocks_cached",
     "segment_sizes",
 ]
