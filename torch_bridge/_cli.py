@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from jaxckpt.data import copy_tokenizer_files, tokenizer_files
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpoint, save_checkpoint
 from torch_bridge._archs import ARCHITECTURES, architecture
@@ -32,6 +33,12 @@ SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
 REPORTED = ("ignored", "dtype_changes", "notes", "missing", "unknown_fields", "verified_max_abs_diff")
 REPORTED += ("verify_tolerance",)
 """The ``ConversionReport`` entries the summary shows (when set)."""
+
+NO_TOKENIZER = {
+    "jax": "no tokenizer files in {src}: generate/train will need --tokenizer",
+    "torch": "no tokenizer files in {src}: {dst} has none, so AutoTokenizer.from_pretrained cannot read it",
+}
+"""The line the summary prints (``tokenizer_note``) when SRC holds no tokenizer files, per direction."""
 
 FLAGS = {
     "allow_missing": "--allow-missing",
@@ -142,9 +149,12 @@ def to_jax(args: argparse.Namespace) -> dict:
             "hf_fields": converted.hf_fields,
         }
         save_checkpoint(tmp, 0, converted.params, meta)
+        copied = copy_tokenizer_files(src, tmp) if src.is_dir() else []  # in tmp: all or nothing
         seconds = time.perf_counter() - start
     nbytes = sum(a.nbytes for a in jax.tree.leaves(converted.params))
-    return _summary(src, dst, "jax", converted.arch.name, converted.report.converted, nbytes, seconds, meta)
+    tensors = converted.report.converted
+    summary = _summary(src, dst, "jax", converted.arch.name, tensors, nbytes, seconds, meta)
+    return summary | (_tokenizer(src, dst, "jax", copied) if arch != "seed-block" else {})
 
 
 def _restore(src: Path) -> tuple[str, TransformerConfig, dict, dict]:
@@ -182,6 +192,7 @@ def to_torch(args: argparse.Namespace) -> dict:
         params = jax.tree.map(lambda a: np.asarray(a).astype(name), params)
         config = config.replace(dtype=name, param_dtype=name)
     total = len(order)
+    names = [p.name for p in tokenizer_files(src)]  # a trained checkpoint's too (train copies them)
     start = time.perf_counter()
     with _progress(total, not args.json, "exporting") as tick:
         if arch == "seed-block":
@@ -190,12 +201,29 @@ def to_torch(args: argparse.Namespace) -> dict:
             write_torch_file(dst, _ticking(export_state_dict(params, arch, config), tick))
         else:
             options = dict(max_shard_size=args.max_shard_size, force=args.force, on_tensor=tick)
+            options |= dict(tokenizer_from=src if names else None)  # copied inside write_hf's temp dir
             write_hf(params, config, dst, hf_fields=stored.get("hf_fields"), **options)
     nbytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
     meta = {
         "report": (_verified(dst, arch, config, params) if args.verify else {}) | {"dtype_changes": casts}
     }
-    return _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, meta)
+    summary = _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, meta)
+    if arch == "seed-block":
+        return summary
+    return summary | _tokenizer(src, dst, "torch", names)
+
+
+def _tokenizer(src: Path, dst: Path, to: str, copied: list[str]) -> dict:
+    """The summary's ``tokenizer_files`` (the names copied into DST), with a
+    ``tokenizer_note`` when there were none.
+
+    Example:
+        >>> _tokenizer(Path("a"), Path("b"), "jax", [])["tokenizer_note"]
+        'no tokenizer files in a: generate/train will need --tokenizer'
+    """
+    if copied:
+        return {"tokenizer_files": copied}
+    return {"tokenizer_files": [], "tokenizer_note": NO_TOKENIZER[to].format(src=src, dst=dst)}
 
 
 def _casts(order, params: dict, name: str) -> list[tuple[str, str, str]]:
@@ -244,6 +272,9 @@ def run(args: argparse.Namespace) -> int:
     columns = ["tensors", "MB", "seconds", "MB/s"]
     mb, seconds, rate = result["bytes"] / 1e6, result["seconds"], result["mb_per_s"]
     row = [str(result["tensors"]), f"{mb:.1f}", f"{seconds:.2f}", f"{rate:.1f}"]
+    if "tokenizer_files" in result:
+        columns.append("tokenizer files")
+        row.append(str(len(result["tokenizer_files"])))
     if "verified_max_abs_diff" in result:
         columns += ["max |logit diff|", "tolerance"]
         row += [f"{result['verified_max_abs_diff']:.2g}", f"{result['verify_tolerance']:.2g}"]
@@ -255,6 +286,10 @@ def run(args: argparse.Namespace) -> int:
     for key in REPORTED:
         if key in result:
             console.print(f"{key}: {result[key]}" if key != "dtype_changes" else _casts_shown(result[key]))
+    if result.get("tokenizer_files"):
+        console.print(f"tokenizer files: {', '.join(result['tokenizer_files'])}")
+    if "tokenizer_note" in result:
+        console.print(result["tokenizer_note"])
     console.print(f"wrote {result['dst']}")
     return 0
 

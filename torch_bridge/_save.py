@@ -1,5 +1,13 @@
 """``write_hf`` / ``save_hf``: jaxckpt parameters out as a Hugging Face directory, each tensor
-in its own dtype, with the source's names and ids when given (``hf_fields``)."""
+in its own dtype, with the source's names and ids when given (``hf_fields``) and its
+tokenizer files when asked (``tokenizer_from``).
+
+``generation_config.json``: the writers never write one of their own. The source's, when
+``tokenizer_from`` holds it (it is one of ``jaxckpt.data.TOKENIZER_FILES``), is copied
+byte for byte, so it wins: transformers reads it in preference to ``config.json``'s
+generation fields, and nothing of it (an ``eos_token_id`` list, sampling defaults) is lost
+or rewritten. Without one, transformers derives it from ``config.json`` (``hf_fields``).
+"""
 
 import json
 import os
@@ -9,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
+from jaxckpt.data import TOKENIZER_FILES, copy_tokenizer_files, tokenizer_files
 from jaxckpt.nn import Block, Transformer, TransformerConfig
 from torch_bridge._archs import architecture
 from torch_bridge._convert import common_dtype, export_order, flatten, target_shapes
@@ -26,6 +35,7 @@ def write_hf(
     force: bool = False,
     on_tensor: Callable[[str, int], None] | None = None,
     hf_fields: Mapping | None = None,
+    tokenizer_from: "str | os.PathLike | None" = None,
 ) -> Path:
     """Writes ``params`` (a ``Transformer``'s ``nnx.Param`` state or its pure dict) as a
     Hugging Face directory: safetensors shards, their index and ``config.json``.
@@ -46,12 +56,19 @@ def write_hf(
         hf_fields: ``config.json`` fields written over the writer's own: names, ids and
             generation defaults only (``Converted.hf_fields``: the source's
             ``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``_name_or_path``...).
+        tokenizer_from: a directory whose tokenizer files (``jaxckpt.data.TOKENIZER_FILES``:
+            ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``,
+            ``generation_config.json``...) are copied in, inside the temporary directory,
+            so that the output is self-contained (``AutoTokenizer.from_pretrained`` reads
+            it) and a failed write leaves nothing behind. A copied
+            ``generation_config.json`` is kept as it is (see the module's docstring).
 
     Raises:
         FileExistsError: when ``path`` exists and ``force`` is False.
         ValueError: for a key of ``hf_fields`` that is not a name, id or generation field
-            (named; checked before anything is written), or a config the family's
-            ``config.json`` cannot express.
+            (named; checked before anything is written), a config the family's
+            ``config.json`` cannot express, or a ``tokenizer_from`` that is not a directory
+            holding tokenizer files (named, checked before anything is written).
 
     Example:
         >>> import tempfile
@@ -67,6 +84,7 @@ def write_hf(
     arch = architecture(config.family)
     limit = parse_shard_size(max_shard_size)
     hf = arch.hf_config(config) | check_kept(hf_fields)
+    _check_tokenizer_from(tokenizer_from)
     shapes = target_shapes(arch, config)
     order = export_order(arch, config, shapes)  # the model is traced once, not twice
     if isinstance(params, nnx.State):
@@ -86,7 +104,25 @@ def write_hf(
     with atomic_output(path, force=force) as tmp:
         write_safetensors(tmp, specs, get, max_shard_size=limit, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        if tokenizer_from is not None:
+            copy_tokenizer_files(tokenizer_from, tmp)
     return Path(path)
+
+
+def _check_tokenizer_from(tokenizer_from: "str | os.PathLike | None") -> None:
+    """Refuses a ``tokenizer_from`` that is not a directory holding tokenizer files."""
+    if tokenizer_from is None:
+        return
+    if not isinstance(tokenizer_from, str | os.PathLike):
+        raise TypeError(f"tokenizer_from must be a directory path, got {type(tokenizer_from).__name__}")
+    if not Path(tokenizer_from).is_dir():
+        raise ValueError(f"tokenizer_from={str(tokenizer_from)!r} is not a directory")
+    if not tokenizer_files(tokenizer_from):
+        raise ValueError(
+            f"tokenizer_from={str(tokenizer_from)!r} holds no tokenizer files (none of "
+            f"{', '.join(TOKENIZER_FILES)}); save the tokenizer there first "
+            "(tokenizer.save_pretrained(dir)), or leave tokenizer_from out"
+        )
 
 
 def _parts_as(flat: dict, rule: Rule, layer: int | None, dtype: np.dtype) -> tuple[dict, int | None]:
@@ -107,6 +143,7 @@ def save_hf(
     max_shard_size: "str | int" = "5GB",
     force: bool = False,
     hf_fields: Mapping | None = None,
+    tokenizer_from: "str | os.PathLike | None" = None,
 ) -> Path:
     """Writes ``model`` as a Hugging Face directory that ``transformers`` loads.
 
@@ -128,12 +165,15 @@ def save_hf(
         force: replace ``path`` when it exists.
         hf_fields: ``config.json`` fields to write: names, ids and generation defaults
             only (see ``write_hf``).
+        tokenizer_from: a directory (the source's Hugging Face directory, or a jaxckpt
+            checkpoint directory) whose tokenizer files, chat template and
+            ``generation_config.json`` are copied in (see ``write_hf``).
 
     Raises:
         FileExistsError: when ``path`` exists and ``force`` is False.
         ValueError: when the model is not expressible in its family's ``config.json``
-            (names the field), or ``hf_fields`` holds a field that is not a name, id or
-            generation field (named).
+            (names the field), ``hf_fields`` holds a field that is not a name, id or
+            generation field (named), or ``tokenizer_from`` holds no tokenizer files.
 
     Example:
         >>> import tempfile
@@ -150,8 +190,13 @@ def save_hf(
         >>> written = json.loads((out / "config.json").read_text())
         >>> written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]
         (1, 2, 2)
+        >>> _ = (src / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')  # tok.save_pretrained
+        >>> out = save_hf(model, os.path.join(d, "with_tokenizer"), tokenizer_from=src)
+        >>> sorted(os.listdir(out))
+        ['config.json', 'model.safetensors', 'tokenizer_config.json']
     """
     if isinstance(model, Block):
         raise TypeError("save_hf writes a Transformer; the seed block is written by save_seed_block")
     options = dict(max_shard_size=max_shard_size, force=force, hf_fields=hf_fields)
+    options |= dict(tokenizer_from=tokenizer_from)
     return write_hf(nnx.state(model, nnx.Param), model.config, path, **options)
