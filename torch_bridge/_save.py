@@ -69,6 +69,7 @@ def write_hf(
             (named; checked before anything is written), a config the family's
             ``config.json`` cannot express, or a ``tokenizer_from`` that is not a directory
             holding tokenizer files (named, checked before anything is written).
+        TypeError: when ``tokenizer_from`` is not a path.
 
     Example:
         >>> import tempfile
