@@ -11,12 +11,24 @@ from jaxckpt.data._tokenizer_files import TOKENIZER_FILES, copy_tokenizer_files,
 # <<< tokenizer and chat <<<
 
 # >>> readers and packing (helper A2) >>>
+# isort: split
+from jaxckpt.data._batches import DEFAULT_SHUFFLE_BUFFER, PackedBatches
+from jaxckpt.data._packing import PackedBatch, pack_documents, split_document
+from jaxckpt.data._readers import SUPPORTED_SUFFIXES, read_records
+
 # <<< readers and packing <<<
 
 __all__ = [
+    "DEFAULT_SHUFFLE_BUFFER",
+    "SUPPORTED_SUFFIXES",
     "TOKENIZER_FILES",
     "DataError",
     "Example",
+    "PackedBatch",
+    "PackedBatches",
     "copy_tokenizer_files",
+    "pack_documents",
+    "read_records",
+    "split_document",
     "tokenizer_files",
 ]
