@@ -193,6 +193,11 @@ def test_eval_of_a_separate_file_is_every_record_once(tmp_path):
     assert (batches[-1].segment_ids[0, -1] == 0).all() and not batches[-1].weights[0, -1].any()  # padding row
     targets = sum(n - max(i % 3, 1) for i, n in enumerate(LENGTHS[:9]) if n >= 2)  # mask: k >= i % 3
     assert sum(float(b.weights.sum()) for b in batches) == targets
+    stats = data.eval_stats
+    assert stats["tokens"] == targets and stats["documents"] == 9 and stats["skipped_short"] == 2
+    assert stats["rows"] == 2 * len(batches) and stats["pieces"] == len(_pieces(batches))
+    assert stats["padding"] == sum(int((b.segment_ids == 0).sum()) for b in batches)
+    assert data.stats["batches"] == 0  # training counts apart
 
 
 def test_argument_and_data_errors(tmp_path):
@@ -215,6 +220,10 @@ def test_argument_and_data_errors(tmp_path):
     ]:
         with pytest.raises(TypeError, match=match):
             make(**kw)
+    with pytest.raises(
+        TypeError, match=r"d\.jsonl:\d+: expected an Example \(ids, loss_mask\), got NoneType"
+    ):
+        next(PackedBatches(path, lambda record, where: None, batch=1, seq=3).iterate())
     with pytest.raises(TypeError, match="tokenize must be callable"):
         PackedBatches(path, None, batch=1, seq=3)
     with pytest.raises(FileNotFoundError, match=r"^data='.*nope\.jsonl' does not exist"):

@@ -144,7 +144,7 @@ class PackedBatches:
         self.eval_fraction = check_fraction("PackedBatches", "eval_fraction", eval_fraction)
         self.path, self.tokenize, self.text_per_line, self.name = path, tokenize, bool(text_per_line), name
         read_records(path, text_per_line=self.text_per_line, name=name)  # a missing path fails now
-        self._counts = dict.fromkeys(_COUNTS, 0)
+        self._counts, self._eval_counts = dict.fromkeys(_COUNTS, 0), dict.fromkeys(_COUNTS, 0)
         self._epoch = 0
 
     @property
@@ -231,15 +231,19 @@ class PackedBatches:
             )
         return {key: state[key] for key in _CURSOR}, dict(state["stats"])
 
-    def _iterate(self, cursor: dict, counts: dict):
+    def _packed(self, pieces, counts: dict):
+        """``pack_pieces`` over ``pieces``, counting each batch's rows and padding."""
         rows = self.batch * self.micro_batches
-        packed = pack_pieces(
-            self._pieces(cursor, counts), batch=self.batch, seq=self.seq, micro_batches=self.micro_batches
-        )
-        for batch, filled, at in packed:
+        for batch, filled, at in pack_pieces(
+            pieces, batch=self.batch, seq=self.seq, micro_batches=self.micro_batches
+        ):
             counts["rows"] += rows
             counts["padding"] += rows * self.seq - filled
             counts["batches"] += 1
+            yield batch, at
+
+    def _iterate(self, cursor: dict, counts: dict):
+        for batch, at in self._packed(self._pieces(cursor, counts), counts):
             self._counts, self._epoch = dict(counts), at["epoch"]
             yield batch, {**at, "config": self.config, "stats": dict(counts)}
 
@@ -278,10 +282,10 @@ class PackedBatches:
                 raise DataError(self._nothing("trains on"))
             epoch, window, start, counts["epochs"] = epoch + 1, 0, None, counts["epochs"] + 1
 
-    def _split(self, item: tuple, counts: dict | None) -> list[Example]:
+    def _split(self, item: tuple, counts: dict) -> list[Example]:
         record, where, _ = item
         pieces = split_document(self.tokenize(record, where), self.seq, where=where)
-        if not pieces and counts is not None:
+        if not pieces:
             counts["documents"] += 1
             counts["skipped_short"] += 1
         return pieces
@@ -298,7 +302,9 @@ class PackedBatches:
         when ``eval_fraction`` is None: build a ``PackedBatches`` on a separate eval file).
 
         Batches have the training shape ``[M, B, T]``; the last is padded with rows of weight
-        0. Documents of fewer than two tokens are left out.
+        0. ``eval_stats`` counts the pass as ``stats`` counts training (documents of fewer
+        than two tokens are counted in ``skipped_short``). Held-out records are spread over
+        the whole data, so a full pass reads all of it; ``itertools.islice`` bounds it.
 
         Raises:
             DataError: for bad records, or no held-out record with a target.
@@ -307,27 +313,47 @@ class PackedBatches:
             >>> import tempfile
             >>> from pathlib import Path
             >>> f = Path(tempfile.mkdtemp()) / "d.txt"
-            >>> _ = f.write_text("abc\\ndefg\\n")
+            >>> _ = f.write_text("abc\\ndefg\\nh\\n")
             >>> def tok(record, where):
             ...     n = len(record["text"])
             ...     return Example(np.arange(n, dtype=np.int32), np.ones(n, bool))
             >>> data = PackedBatches(f, tok, batch=2, seq=4, text_per_line=True)
-            >>> [b.weights.sum() for b in data.eval_batches()]
-            [np.float32(5.0)]
+            >>> [float(b.weights.sum()) for b in data.eval_batches()]
+            [5.0]
+            >>> data.eval_stats["documents"], data.eval_stats["skipped_short"], data.eval_stats["rows"]
+            (3, 1, 2)
         """
-        found = False
-        packed = pack_pieces(
-            self._eval_pieces(), batch=self.batch, seq=self.seq, micro_batches=self.micro_batches
-        )
-        for batch, _, _ in packed:
-            found = True
+        counts = dict.fromkeys(_COUNTS, 0)
+        self._eval_counts = counts
+        for batch, _ in self._packed(self._eval_pieces(counts), counts):
             yield batch
-        if not found:
+        if not counts["pieces"]:
             raise DataError(self._nothing("evaluates on"))
 
-    def _eval_pieces(self):
+    @property
+    def eval_stats(self) -> dict:
+        """The counts of the latest ``eval_batches`` pass so far (``summarize``), as ``stats``.
+
+        Example:
+            >>> import tempfile
+            >>> from pathlib import Path
+            >>> f = Path(tempfile.mkdtemp()) / "d.txt"
+            >>> _ = f.write_text("abcdef")
+            >>> tok = lambda r, w: Example(np.arange(6, dtype=np.int32), np.ones(6, bool))
+            >>> data = PackedBatches(f, tok, batch=3, seq=4)
+            >>> _ = list(data.eval_batches())
+            >>> data.eval_stats["tokens"], data.eval_stats["packing_efficiency"]
+            (5, 0.4166666666666667)
+        """
+        return summarize(self._eval_counts, self.seq)
+
+    def _eval_pieces(self, counts: dict):
         for window, records in enumerate(self._windows(None)):
             held = held_out(self.seed, window * self.shuffle_buffer, len(records), self.eval_fraction)
             for i, item in enumerate(records):
-                if self.eval_fraction is None or held[i]:
-                    yield from ((piece, None) for piece in self._split(item, None))
+                if self.eval_fraction is not None and not held[i]:
+                    continue
+                pieces = self._split(item, counts)
+                for p, piece in enumerate(pieces):
+                    yield piece, None
+                    _count_piece(counts, piece, p, len(pieces))

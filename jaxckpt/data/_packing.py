@@ -47,6 +47,8 @@ class PackedBatch(NamedTuple):
 
 
 def _as_example(example, where: str) -> Example:
+    if not isinstance(example, tuple) or len(example) != 2:
+        raise TypeError(f"{where}: expected an Example (ids, loss_mask), got {type(example).__name__}")
     ids, mask = np.asarray(example[0]), np.asarray(example[1])
     if ids.ndim != 1 or mask.shape != ids.shape:
         raise ValueError(
@@ -71,7 +73,7 @@ def split_document(example: Example, seq: int, *, where: str = "document") -> li
 
     Raises:
         ValueError: if ``ids`` and ``loss_mask`` differ in shape or are not 1-D.
-        TypeError: if ``ids`` are not integers.
+        TypeError: if ``example`` is not an ``(ids, loss_mask)`` pair or ``ids`` are not integers.
 
     Example:
         >>> ex = Example(np.arange(8, dtype=np.int32), np.ones(8, bool))

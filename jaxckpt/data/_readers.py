@@ -232,9 +232,10 @@ def read_records(
     ``.jsonl`` is read line by line (blank lines skipped), ``.parquet`` row group by row
     group; a ``.json`` file (a JSON array of records, or an object with one list field such
     as ``{"data": [...]}``) is loaded whole. A ``.txt`` file is one document,
-    ``{"text": <the file>}`` (an empty file none), or with ``text_per_line`` one document per
-    non-empty line. A directory is read as its files with one supported suffix, sorted by
-    name (files whose name starts with ``.`` and other suffixes are left out).
+    ``{"text": <the file>}`` (read whole; an empty file gives none), or with ``text_per_line``
+    one document per non-empty line (streamed, without its line break). A directory is read
+    as its files with one supported suffix, sorted by name (files whose name starts with
+    ``.`` and other suffixes are left out).
 
     Args:
         path: a file or a directory of files of one format.
