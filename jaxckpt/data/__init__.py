@@ -8,6 +8,12 @@ from jaxckpt.data._example import DataError, Example
 from jaxckpt.data._tokenizer_files import TOKENIZER_FILES, copy_tokenizer_files, tokenizer_files
 
 # >>> tokenizer and chat (helper A1) >>>
+# isort: split
+from jaxckpt.data._chat import CHAT_ROLES
+from jaxckpt.data._records import RECORD_SHAPES, encode_record, record_shape
+from jaxckpt.data._tokenizer import ByteTokenizer, Tokenizer
+from jaxckpt.data._tokenizer_load import load_tokenizer
+
 # <<< tokenizer and chat <<<
 
 # >>> readers and packing (helper A2) >>>
@@ -19,16 +25,23 @@ from jaxckpt.data._readers import SUPPORTED_SUFFIXES, read_records
 # <<< readers and packing <<<
 
 __all__ = [
+    "CHAT_ROLES",
     "DEFAULT_SHUFFLE_BUFFER",
+    "RECORD_SHAPES",
     "SUPPORTED_SUFFIXES",
     "TOKENIZER_FILES",
+    "ByteTokenizer",
     "DataError",
     "Example",
     "PackedBatch",
     "PackedBatches",
+    "Tokenizer",
     "copy_tokenizer_files",
+    "encode_record",
+    "load_tokenizer",
     "pack_documents",
     "read_records",
+    "record_shape",
     "split_document",
     "tokenizer_files",
 ]
