@@ -16,6 +16,9 @@ Example:
 
 from jaxckpt import attention, nn, plan, remat, train
 from jaxckpt.attention import BlockSizes, attention_reference, flash_attention
+from jaxckpt.generate import (
+    generate,
+)  # the function: jaxckpt.generate(...); the package's names import from it
 
 __version__ = "0.1.0"
 
@@ -24,6 +27,7 @@ __all__ = [
     "attention",
     "attention_reference",
     "flash_attention",
+    "generate",
     "nn",
     "plan",
     "remat",
