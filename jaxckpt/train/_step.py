@@ -13,6 +13,7 @@ from jaxckpt.nn import activation_sharding
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._distributed import put_global
+from jaxckpt.train._loss import PACKED_FIELDS, is_packed, weighted_loss_sum
 from jaxckpt.train._sharding import ACTIVATION_RULES, batch_sharding, replicated, state_shardings
 
 
@@ -99,7 +100,9 @@ def next_token_loss(
 def loss_and_grads(
     graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State, batch: jax.Array, spec: RematSpec
 ):
-    """Mean loss and gradient over micro-batches ``batch [M, B, T + 1]``.
+    """Mean loss and gradient over micro-batches ``batch [M, B, T + 1]``, or over a packed
+    batch (``jaxckpt.data.PackedBatch``, fields ``[M, B, T]``): the mean over its weighted
+    targets, each document attended to alone.
 
     With ``M > 1`` the micro-batches are a ``lax.scan`` that accumulates fp32-param
     gradients, so only one micro-batch's activations are live at a time.
@@ -116,21 +119,33 @@ def loss_and_grads(
         True
     """
 
-    def one(params, tokens):
-        return next_token_loss(nnx.merge(graphdef, params, rest), tokens, spec)
+    if is_packed(batch):
+        # The step's loss is the mean over every weighted target of every micro-batch.
+        total = jnp.maximum(jnp.sum(batch.weights.astype(jnp.float32)), 1.0)
 
+        def one(params, micro):
+            return weighted_loss_sum(nnx.merge(graphdef, params, rest), micro, spec) / total
+
+        m, scale = batch.inputs.shape[0], 1
+    else:
+
+        def one(params, tokens):
+            return next_token_loss(nnx.merge(graphdef, params, rest), tokens, spec)
+
+        m = scale = batch.shape[0]
     grad_fn = jax.value_and_grad(one)
-    if batch.shape[0] == 1:
-        return grad_fn(params, batch[0])
+    if m == 1:
+        return grad_fn(params, jax.tree.map(lambda a: a[0], batch))
 
-    def accumulate(carry, tokens):
-        loss, grads = grad_fn(params, tokens)
+    def accumulate(carry, micro):
+        loss, grads = grad_fn(params, micro)
         return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
     zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
     (loss, grads), _ = jax.lax.scan(accumulate, zeros, batch)
-    m = batch.shape[0]
-    return loss / m, jax.tree.map(lambda g: g / m, grads)
+    if scale == 1:
+        return loss, grads
+    return loss / scale, jax.tree.map(lambda g: g / scale, grads)
 
 
 def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, spec: RematSpec, mesh=None):
@@ -189,15 +204,33 @@ def check_seq(config, seq: int) -> None:
         raise ValueError(f"seq={seq} exceeds the model's config.max_len={config.max_len}; use a shorter seq")
 
 
-def check_batch(batch: jax.Array) -> None:
-    """Raises a ValueError unless ``batch`` is integer ``[M, B, T + 1]``.
+def check_batch(batch) -> None:
+    """Raises a ValueError unless ``batch`` is integer ``[M, B, T + 1]``, or a packed batch
+    whose fields are all ``[M, B, T]`` (integer, but for float weights).
 
     ``T <= max_len`` is checked once, by the model, when the step is traced.
     """
+    if is_packed(batch):
+        shapes = {name: tuple(getattr(batch, name).shape) for name in PACKED_FIELDS}
+        if len(set(shapes.values())) != 1 or len(shapes["inputs"]) != 3:
+            raise ValueError(f"a packed batch's fields must all be [micro_batches, B, T], got {shapes}")
+        return
     if batch.ndim != 3 or not jnp.issubdtype(batch.dtype, jnp.integer):
         raise ValueError(
             f"batch must be integer tokens [micro_batches, B, T + 1], got {batch.shape=} {batch.dtype=}"
         )
+
+
+def _on_device(batch):
+    if is_packed(batch):
+        return type(batch)(*(jnp.asarray(getattr(batch, name)) for name in PACKED_FIELDS))
+    return jnp.asarray(batch, jnp.int32)
+
+
+def _on_host(batch):
+    if is_packed(batch):
+        return type(batch)(*(np.asarray(getattr(batch, name)) for name in PACKED_FIELDS))
+    return np.asarray(batch, np.int32)
 
 
 class Trainer:
@@ -236,31 +269,37 @@ class Trainer:
         self._step = jit_train_step(self.graphdef, self.spec, shardings, mesh)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
-    def step(self, batch: jax.Array) -> jax.Array:
-        """Runs one step on ``batch [M, B, T + 1]`` and returns its mean loss (on device)."""
+    def step(self, batch) -> jax.Array:
+        """Runs one step on ``batch [M, B, T + 1]`` (or a ``PackedBatch``) and returns its
+        mean loss (on device)."""
         check_batch(batch)
         # Several processes: each cuts its shards from the host copy (no trip through a device).
-        batch = np.asarray(batch, np.int32) if jax.process_count() > 1 else jnp.asarray(batch, jnp.int32)
-        compiled = self.compile(batch.shape)  # checks the batch against the mesh first
+        batch = _on_host(batch) if jax.process_count() > 1 else _on_device(batch)
+        compiled = self.compile(batch)  # checks the batch against the mesh first
         if self.mesh is not None:
-            batch = put_global(batch, batch_sharding(self.mesh))
+            sharding = batch_sharding(self.mesh)
+            batch = put_global(batch, jax.tree.map(lambda _: sharding, batch))
         self.state, loss = compiled(self.state, batch)
         return loss
 
-    def compile(self, batch_shape: tuple[int, int, int]) -> jax.stages.Compiled:
-        """The compiled step for batches of ``batch_shape``: compiled once, then reused
+    def compile(self, batch) -> jax.stages.Compiled:
+        """The compiled step for batches like ``batch`` (a token batch's shape
+        ``(M, B, T + 1)``, or a batch itself, token or packed): compiled once, then reused
         by ``step``, so its memory analysis describes exactly what runs."""
-        batch_shape = tuple(batch_shape)
-        if batch_shape not in self._compiled:
-            batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
-            check_batch(batch)
-            if self.mesh is not None and batch_shape[1] % self.mesh.size:
+        if isinstance(batch, tuple) and not is_packed(batch):
+            batch = jax.ShapeDtypeStruct(tuple(batch), jnp.int32)
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
+        key = (jax.tree.structure(abstract), tuple((a.shape, a.dtype) for a in jax.tree.leaves(abstract)))
+        if key not in self._compiled:
+            check_batch(abstract)
+            rows = jax.tree.leaves(abstract)[0].shape[1]
+            if self.mesh is not None and rows % self.mesh.size:
                 raise ValueError(
-                    f"batch={batch_shape[1]} must be a multiple of the mesh's {self.mesh.size} devices "
+                    f"batch={rows} must be a multiple of the mesh's {self.mesh.size} devices "
                     f"({dict(self.mesh.shape)}): each device takes an equal share of the batch"
                 )
-            self._compiled[batch_shape] = self._step.lower(self.state, batch).compile()
-        return self._compiled[batch_shape]
+            self._compiled[key] = self._step.lower(self.state, abstract).compile()
+        return self._compiled[key]
 
     @property
     def model(self) -> nnx.Module:
