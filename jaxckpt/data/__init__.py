@@ -24,7 +24,11 @@ from jaxckpt.data._readers import SUPPORTED_SUFFIXES, read_records
 
 # <<< readers and packing <<<
 
+# isort: split
+from jaxckpt.data._tokenizer_source import BYTES, tokenizer_for, tokenizer_name
+
 __all__ = [
+    "BYTES",
     "CHAT_ROLES",
     "DEFAULT_SHUFFLE_BUFFER",
     "RECORD_SHAPES",
@@ -44,4 +48,6 @@ __all__ = [
     "record_shape",
     "split_document",
     "tokenizer_files",
+    "tokenizer_for",
+    "tokenizer_name",
 ]
