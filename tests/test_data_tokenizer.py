@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
+import chat_template_cases as cases
 import numpy as np
 import pytest
 import tokenizer_fixtures as tf
@@ -151,20 +152,20 @@ def test_the_tokenizer_json_file_itself_reads_its_directory(dirs, toks):
 
 def test_chat_template_jinja_wins_over_the_config(tmp_path):
     d = tf.make_tokenizer_dir(tmp_path, "qwen2.5", template_file=True)
-    assert load_tokenizer(d).chat_template == tf.CHAT_TEMPLATES["qwen2.5"]
+    assert load_tokenizer(d).chat_template == cases.CHAT_TEMPLATES["qwen2.5"]
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["chat_template"] = "{{ 'from the config' }}"
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    assert load_tokenizer(d).chat_template == tf.CHAT_TEMPLATES["qwen2.5"]
+    assert load_tokenizer(d).chat_template == cases.CHAT_TEMPLATES["qwen2.5"]
 
 
 def test_a_list_of_named_templates_gives_the_default(tmp_path):
     named = [
         {"name": "tool_use", "template": "{{ 'tools' }}"},
-        {"name": "default", "template": tf.CHAT_TEMPLATES["smollm2"]},
+        {"name": "default", "template": cases.CHAT_TEMPLATES["smollm2"]},
     ]
     d = tf.make_tokenizer_dir(tmp_path, "smollm2", chat_template=False, config={"chat_template": named})
-    assert load_tokenizer(d).chat_template == tf.CHAT_TEMPLATES["smollm2"]
+    assert load_tokenizer(d).chat_template == cases.CHAT_TEMPLATES["smollm2"]
     d = tf.make_tokenizer_dir(
         tmp_path / "b", "smollm2", chat_template=False, config={"chat_template": named[:1]}
     )

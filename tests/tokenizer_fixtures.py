@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chat_template_cases import CHAT_TEMPLATES, conversations_for  # noqa: F401 (one import for the tests)
+from chat_template_cases import CHAT_TEMPLATES
 from tokenizers import (
     AddedToken,
     Regex,
