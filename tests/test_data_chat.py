@@ -2,6 +2,7 @@
 real templates), the ids of encode_chat, and its loss mask on the assistant's turns only."""
 
 import os
+import pickle
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
@@ -119,6 +120,31 @@ def test_loss_mask_equals_transformers_assistant_mask(conv, tmp_path, hf_toks):
         assert ex.loss_mask.any()
 
 
+TOOL_CHAT = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}],
+    },
+    {"role": "tool", "content": '{"sky": "clear"}'},
+    {"role": "assistant", "content": "Clear skies."},
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("template", ["llama3", "qwen2.5"])
+def test_tool_calls_and_tool_turns_as_transformers(template, toks, hf_toks):
+    tok, hf = toks[template], hf_toks[template]
+    assert tok.apply_chat_template(TOOL_CHAT) == hf.apply_chat_template(TOOL_CHAT, tokenize=False)
+    ex = tok.encode_chat(TOOL_CHAT)
+    assert ex.ids.tolist() == list(hf.apply_chat_template(TOOL_CHAT, tokenize=True)["input_ids"])
+    call, reply = _masked_pieces(tok, ex)
+    assert (
+        '"weather"' in call and "Paris" in call and "clear" not in call and reply.startswith("Clear skies.")
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The loss mask, read back
 
@@ -195,6 +221,16 @@ def test_bad_messages_name_the_index_and_field(messages, match, toks):
         toks["qwen2.5"].encode_chat(messages)
     with pytest.raises(DataError, match=match):
         check_messages(messages)
+
+
+def test_a_tokenizer_pickles_with_its_template(toks):
+    tok = pickle.loads(pickle.dumps(toks["qwen2.5"]))
+    ex, want = (
+        tok.encode_chat(cases.CONVERSATIONS["multi_turn"]),
+        toks["qwen2.5"].encode_chat(cases.CONVERSATIONS["multi_turn"]),
+    )
+    np.testing.assert_array_equal(ex.ids, want.ids)
+    np.testing.assert_array_equal(ex.loss_mask, want.loss_mask)
 
 
 def test_roles_and_none_fields():

@@ -14,9 +14,6 @@ import tokenizers
 from jaxckpt.data._chat import chat_example, check_messages, render_chat
 from jaxckpt.data._example import DataError, Example
 
-_NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-"""transformers' ``SPECIAL_TOKENS_ATTRIBUTES``: the token names every chat template sees."""
-
 
 def _text(text, where: str) -> str:
     if not isinstance(text, str):

@@ -26,7 +26,10 @@ import tokenizers
 
 from jaxckpt._warnings import JaxckptWarning
 from jaxckpt.data._example import DataError
-from jaxckpt.data._tokenizer import _NAMED_TOKENS, Tokenizer
+from jaxckpt.data._tokenizer import Tokenizer
+
+_NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+"""transformers' ``SPECIAL_TOKENS_ATTRIBUTES``: the token names every chat template sees."""
 
 _HUGE = 10**18
 """transformers writes ``model_max_length`` 1e30 (``VERY_LARGE_INTEGER``) for "no limit"."""
