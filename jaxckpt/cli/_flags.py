@@ -25,6 +25,9 @@ FLAGS: dict[str, str] = {
     "coordinator": "--coordinator",
     "data": "--data",
     "devices": "--devices",
+    "eval_data": "--eval-data",
+    "eval_every": "--eval-every",
+    "eval_split": "--eval-split",
     "force": "--force",
     "init_from": "--init-from",
     "learning_rate": "--lr",
@@ -39,6 +42,8 @@ FLAGS: dict[str, str] = {
     "seed": "--seed",
     "seq": "--seq",
     "steps": "--steps",
+    "text_per_line": "--text-per-line",
+    "tokenizer": "--tokenizer",
 }
 """Python argument -> flag, for the names every subcommand spells alike (extend it here).
 

@@ -9,7 +9,7 @@ import jax
 import jaxckpt
 from jaxckpt._plugins import CLI, load_attention_plugins, plugins
 from jaxckpt.attention import available_implementations, implementations
-from jaxckpt.cli import _compare, _generate, _plan, _train
+from jaxckpt.cli import _compare, _eval, _generate, _plan, _train
 from jaxckpt.cli._flags import FLAGS, flag_message
 
 
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_info)
     _compare.add_parser(sub)
     _train.add_parser(sub)
+    _eval.add_parser(sub)
     _generate.add_parser(sub)
     _plan.add_parser(sub)
     for name, entry in plugins(CLI).items():  # e.g. torch_bridge's `convert`

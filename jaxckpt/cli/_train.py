@@ -1,4 +1,4 @@
-"""``jaxckpt train``: trains a model on byte-level text."""
+"""``jaxckpt train``: trains a model on byte-level text, or on a data file with the model's tokenizer."""
 
 import argparse
 import json
@@ -11,7 +11,9 @@ from jaxckpt.attention import implementations
 
 def add_parser(sub) -> None:
     """Registers ``train`` on the subcommand parser ``sub``."""
-    p = sub.add_parser("train", help="train a model on a text file (default: the built-in corpus)")
+    p = sub.add_parser(
+        "train", help="train or fine-tune a model on a data file (default: the built-in corpus, as bytes)"
+    )
     p.add_argument(
         "--model",
         "--config",
@@ -33,7 +35,12 @@ def add_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=100, help="total steps (a resumed run continues up to it)")
     p.add_argument("--lr", type=float, default=train.OptimizerConfig.learning_rate, help="peak learning rate")
-    p.add_argument("--data", help="a text file (default: the built-in Shakespeare corpus)")
+    add_data_arguments(p)
+    p.add_argument("--eval-data", help="held-out data (a file as --data) for the eval loss and perplexity")
+    p.add_argument(
+        "--eval-split", type=float, help="or hold out this fraction of --data's records (0 < F < 1)"
+    )
+    p.add_argument("--eval-every", type=int, help="evaluate every N steps (and after the last)")
     p.add_argument("--seed", type=int, default=0, help="init and data-order seed")
     p.add_argument("--checkpoint-dir", help="save checkpoints here")
     p.add_argument("--checkpoint-every", type=int, help="also save every N steps")
@@ -87,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
         data=args.data,
         seed=args.seed,
         optimizer=train.OptimizerConfig(learning_rate=args.lr),
+        tokenizer=args.tokenizer,
+        text_per_line=args.text_per_line,
+        eval_data=args.eval_data,
+        eval_split=args.eval_split,
+        eval_every=args.eval_every,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
@@ -107,6 +119,14 @@ def run(args: argparse.Namespace) -> int:
         console.print(
             f"loss {first['loss']:.4f} (step {first['step']}) -> {last['loss']:.4f} (step {last['step']})"
         )
+    for line in data_lines(result.data):
+        console.print(line)
+    if result.eval:
+        last = result.eval[-1]
+        console.print(
+            f"eval loss {last['loss']:.4f}, perplexity {last['perplexity']:.2f} (step {last['step']}, "
+            f"{len(result.eval)} evaluation(s))"
+        )
     m = result.memory
     if result.plan is not None:
         p = result.plan
@@ -117,6 +137,38 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
     return 0
+
+
+def add_data_arguments(p) -> None:
+    """``--data``, ``--tokenizer`` and ``--text-per-line`` (train and eval read data alike)."""
+    p.add_argument(
+        "--data",
+        help="a .txt, .jsonl, .json or .parquet file (or a directory of them); records "
+        '{"text"}, {"messages"} (loss on assistant turns) or {"prompt", "completion"} '
+        "(loss on the completion); default: the built-in Shakespeare corpus",
+    )
+    p.add_argument(
+        "--tokenizer",
+        help="a directory holding tokenizer.json (or the file), or 'bytes'; default: the model's own "
+        "(--init-from), or bytes",
+    )
+    p.add_argument(
+        "--text-per-line", action="store_true", help=".txt data: one document per line, not per file"
+    )
+
+
+def data_lines(data: dict) -> list[str]:
+    """What the data was: documents split and skipped, and the packing efficiency."""
+    if data.get("kind") != "packed":
+        return []
+    return [
+        f"data: {data['documents']} documents ({data['split_documents']} longer than --seq split into "
+        f"{data['split_documents'] + data['extra_pieces']} pieces, {data['skipped_short']} shorter than "
+        f"2 tokens skipped), {data['tokens']} target tokens"
+        + (f", epoch {data['epoch']}" if "epoch" in data else ""),
+        f"packing: {100 * data['packing_efficiency']:.1f}% of slots hold tokens, against "
+        f"{100 * data['padded_efficiency']:.1f}% with every document padded to --seq",
+    ]
 
 
 MULTI_HOST_FLAGS = (

@@ -1,4 +1,5 @@
-"""Training: the optax train step, byte-level data, orbax checkpoints, data parallel + FSDP
+"""Training: the optax train step on byte windows or packed data files, held-out
+evaluation, orbax checkpoints, data parallel + FSDP
 meshes (also over several processes), progress and memory reports, and ``compare``, the
 seed's experiment (attention x remat).
 
@@ -14,9 +15,11 @@ from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint
 from jaxckpt.train._compare import compare, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
 from jaxckpt.train._distributed import initialize, is_primary, resolve_mesh
-from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config
+from jaxckpt.train._eval import Evaluator, evaluate
+from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config, source_hf_fields
 from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._memory import MemoryReport, memory_report
+from jaxckpt.train._run_data import DataOptions
 from jaxckpt.train._sharding import (
     LOGICAL_AXIS_RULES,
     bytes_per_device,
@@ -32,6 +35,8 @@ __all__ = [
     "PARAMS_KIND",
     "VOCAB_SIZE",
     "ByteBatches",
+    "DataOptions",
+    "Evaluator",
     "MemoryReport",
     "OptimizerConfig",
     "TrainRun",
@@ -41,6 +46,7 @@ __all__ = [
     "decode",
     "default_corpus_path",
     "encode",
+    "evaluate",
     "initial_model",
     "initialize",
     "is_primary",
@@ -59,6 +65,7 @@ __all__ = [
     "restore_checkpoint",
     "save_checkpoint",
     "source_config",
+    "source_hf_fields",
     "state_shardings",
     "train",
 ]

@@ -69,6 +69,23 @@ def source_config(path: "str | os.PathLike", *, name: str = "path") -> Transform
     return TransformerConfig.from_dict(meta["config"])
 
 
+def source_hf_fields(path: "str | os.PathLike | None") -> dict:
+    """The Hugging Face fields (token ids and names, generation defaults) that a model's
+    ``config.json`` carries beyond its config, kept so an export writes them back: read
+    from a Hugging Face directory, or from a jaxckpt directory's ``jaxckpt.json``.
+
+    Example:
+        >>> source_hf_fields(None)
+        {}
+    """
+    if path is None:
+        return {}
+    path = Path(path)
+    if is_hf_dir(path):
+        return _hf_reader(path, "init_from").hf_fields(path)
+    return read_meta(path).get("hf_fields") or {}
+
+
 def _check_compatible(source: TransformerConfig, config: TransformerConfig, path: Path) -> None:
     ours, theirs = config.to_dict(), source.to_dict()
     keys = [k for k in ours if k not in FREE_ON_INIT and ours[k] != theirs.get(k)]

@@ -9,27 +9,30 @@ from pathlib import Path
 import jax
 
 from jaxckpt._checks import require_positive_int
+from jaxckpt.data import ByteTokenizer, copy_tokenizer_files, tokenizer_for, tokenizer_name
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
-from jaxckpt.train._data import ByteBatches, load_tokens
 from jaxckpt.train._distributed import is_primary, resolve_mesh
-from jaxckpt.train._init import initial_model
+from jaxckpt.train._eval import Evaluator
+from jaxckpt.train._init import initial_model, source_config, source_hf_fields
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._progress import memory_text, train_progress
+from jaxckpt.train._run_data import DataOptions, run_data
 from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainRun:
-    """What ``train`` did: one record per step run, and the step's memory analysis.
+    """What ``train`` did: one record per step run, the step's memory analysis, the held-out
+    evaluations and the data's counts.
 
     Example:
         >>> from jaxckpt import nn, train
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
         >>> run = train.train(cfg, steps=1, batch=2, seq=16, progress=False)
         >>> sorted(run.to_dict()), run.plan is None
-        (['memory', 'plan', 'steps', 'temp_bytes'], True)
+        (['data', 'eval', 'memory', 'plan', 'steps', 'temp_bytes'], True)
     """
 
     steps: list[dict]
@@ -37,14 +40,23 @@ class TrainRun:
     trainer: Trainer = dataclasses.field(repr=False)
     plan: object = None
     """The planner's ``MemoryPlan`` that chose ``config.remat`` (``train(..., plan=)``), else None."""
+    eval: list = dataclasses.field(default_factory=list)
+    """``[{"step", "loss", "perplexity"}]``: every evaluation on held-out data, this run's and,
+    after a resume, the earlier ones."""
+    data: dict = dataclasses.field(default_factory=dict)
+    """The data: ``{"kind": "windows" | "packed", "tokenizer", ...}`` and, for a packed
+    stream, its counts (documents, split documents, packing efficiency, ...)."""
 
     def to_dict(self) -> dict:
-        """``{"steps": [{"step", "loss", "step_seconds"}], "temp_bytes", "memory", "plan"}``."""
+        """``{"steps": [{"step", "loss", "step_seconds"}], "temp_bytes", "memory", "plan",
+        "eval", "data"}``."""
         return {
             "steps": self.steps,
             "temp_bytes": self.memory.temp,
             "memory": self.memory.to_dict(),
             "plan": None if self.plan is None else self.plan.to_dict(),
+            "eval": self.eval,
+            "data": self.data,
         }
 
 
@@ -75,6 +87,9 @@ def _barrier(name: str) -> None:
 FREE_ON_RESUME = ("remat", "attention")
 """Config fields a resumed run may change: they do not change the numbers."""
 
+RESULTS = ("eval", "data_states", "data_stats", "hf_fields", "tokenizer_files")
+"""``jaxckpt.json`` keys that record what a run did, not how it was set up."""
+
 
 def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
     """Raises a ValueError naming every setting that differs from the checkpointed run's."""
@@ -82,7 +97,7 @@ def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
     def comparable(m: dict) -> dict:
         config = {k: v for k, v in m.get("config", {}).items() if k not in FREE_ON_RESUME}
         return {
-            **{k: v for k, v in m.items() if k != "config"},
+            **{k: v for k, v in m.items() if k != "config" and k not in RESULTS},
             **{f"config.{k}": v for k, v in config.items()},
         }
 
@@ -111,22 +126,41 @@ def train(
     progress: bool = True,
     mesh=None,
     plan=None,
+    tokenizer: str | os.PathLike | None = None,
+    text_per_line: bool = False,
+    eval_data: str | os.PathLike | None = None,
+    eval_split: float | None = None,
+    eval_every: int | None = None,
 ) -> TrainRun:
-    """Trains a ``Transformer`` on byte-level text; the remat spec is ``config.remat``.
+    """Trains a ``Transformer``, from scratch or from ``init_from``, on byte-level text or
+    on a data file tokenized by the model's tokenizer; the remat spec is ``config.remat``.
 
     ``config.remat == "auto"`` is answered by the planner before training (the planner
     compiles train steps, so it sits above ``train``): ``config, plan =
     jaxckpt.plan.resolve_auto(config, batch=..., seq=..., micro_batches=..., mesh=...)``,
     then ``train(config, ..., plan=plan)``.
 
-    Step ``s`` always trains on the same batch (a pure function of ``seed`` and
-    ``s``), so resuming from a checkpoint reproduces the uninterrupted run.
+    Byte-level text (the built-in corpus, or a ``.txt`` file with the byte tokenizer) is
+    cut into random windows: step ``s`` trains on a pure function of ``seed`` and ``s``.
+    Any other data (``.jsonl``, ``.json``, ``.parquet``, or text read with a checkpoint's
+    tokenizer) is streamed, shuffled by ``seed``, and packed into rows of ``seq`` with
+    segment ids (``jaxckpt.data.PackedBatches``); the stream's state is saved with each
+    checkpoint. Either way, resuming reproduces the uninterrupted run's batches exactly.
 
     Args:
         config: the model (including ``remat`` and ``attention``).
         steps: total number of steps; a resumed run continues up to it.
         batch, seq, micro_batches: each step sees ``micro_batches x batch`` windows of ``seq``.
-        data: a text file (None: the built-in corpus).
+        data: a data file or directory (``.txt``, ``.jsonl``, ``.json``, ``.parquet``; None:
+            the built-in corpus). Records are ``{"text"}``, ``{"messages"}`` (loss on the
+            assistant's turns) or ``{"prompt", "completion"}`` (loss on the completion).
+        tokenizer: ``"bytes"``, or a directory holding ``tokenizer.json`` (or that file);
+            None: ``init_from``'s own tokenizer, or bytes without ``init_from``.
+        text_per_line: ``.txt`` data holds one document per non-empty line.
+        eval_data, eval_split: held-out data: a separate file, or the fraction of ``data``'s
+            records (of its bytes, for byte windows) held out of training.
+        eval_every: evaluate after every ``eval_every`` steps, and after the last (with
+            held-out data and no ``eval_every``: after the last only).
         seed: parameter init and data order.
         checkpoint_dir: where to save (at the end, and every ``checkpoint_every`` steps).
         resume: continue from the latest checkpoint in ``checkpoint_dir``.
@@ -166,29 +200,66 @@ def train(
     _check_remat(config, plan)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir=")
+    options = DataOptions(data, text_per_line, eval_data, eval_split)
+    if eval_every is not None:
+        require_positive_int("eval_every", eval_every)
+        if eval_data is None and eval_split is None:
+            raise ValueError("eval_every needs held-out data: give eval_data or eval_split")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
-    batches = ByteBatches(load_tokens(data, name="data"), batch, seq, seed=seed, micro_batches=micro_batches)
+    if init_from is not None:
+        source_config(init_from, name="init_from")  # the model's own errors come first
+    tok = tokenizer_for(init_from, tokenizer)
+    _check_vocab(tok, config)
+    feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
     mesh = resolve_mesh(mesh)
     trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
-    memory = memory_report(trainer.compile(batches.batch_at(0).shape))
+    memory = memory_report(trainer.compile(feed.first))
     _prepare_checkpoint_dir(directory, resume, force)
-    start = 0
     meta = {
         "config": config.to_dict(),
         "batch": batch,
         "seq": seq,
         "seed": seed,
         "micro_batches": micro_batches,
+        "data": {"kind": feed.kind, **options.to_dict()},
+        "tokenizer": tokenizer_name(tok),
     }
+    run = _Run(
+        trainer, feed, directory, meta, Evaluator(trainer.model, mesh) if _evaluates(options) else None
+    )
+    run.results["hf_fields"] = source_hf_fields(init_from)
+    start, state = 0, None
     if resume:
-        _check_resumable(read_meta(directory), meta, directory)
-        step, trainer.state = restore_checkpoint(directory, trainer.state)
-        start = step
-    records = _run_steps(trainer, batches, start, steps, progress, memory, directory, checkpoint_every, meta)
+        saved = read_meta(directory)
+        _check_resumable(saved, meta, directory)
+        start, trainer.state = restore_checkpoint(directory, trainer.state)
+        state = run.resume(saved, start)
+    run.sources = _tokenizer_sources(tokenizer, init_from, tok)
+    records = run.steps(start, steps, state, progress, memory, checkpoint_every, eval_every)
     if directory is not None and records:
-        _save(directory, steps, trainer.state, meta)
-    return TrainRun(records, memory, trainer, plan)
+        run.save(steps)
+    return TrainRun(records, memory, trainer, plan, run.results["eval"], run.data_report())
+
+
+def _tokenizer_sources(tokenizer, init_from, tok) -> list:
+    """Where the run's tokenizer files come from (none for bytes)."""
+    if isinstance(tok, ByteTokenizer):
+        return []
+    return [tokenizer if tokenizer is not None else init_from]
+
+
+def _evaluates(options: DataOptions) -> bool:
+    return options.eval_data is not None or options.eval_split is not None
+
+
+def _check_vocab(tokenizer, config: TransformerConfig) -> None:
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"tokenizer: its {tokenizer.vocab_size} ids do not fit the model's "
+            f"vocab_size={config.vocab_size}; use the model's own tokenizer (--tokenizer), "
+            "or a model with a larger vocabulary"
+        )
 
 
 def _check_remat(config: TransformerConfig, plan) -> None:
@@ -206,22 +277,90 @@ def _check_remat(config: TransformerConfig, plan) -> None:
         )
 
 
-def _run_steps(trainer, batches, start, steps, progress, memory, directory, every, meta) -> list[dict]:
-    records = []
-    tokens_per_step = batches.micro_batches * batches.batch * batches.seq
-    with train_progress(steps, start, progress and is_primary()) as update:
-        for step in range(start, steps):
-            tokens = batches.batch_at(step)
-            t0 = time.perf_counter()
-            loss = float(jax.block_until_ready(trainer.step(tokens)))
-            seconds = time.perf_counter() - t0
-            records.append({"step": step, "loss": loss, "step_seconds": seconds})
-            update(step + 1, loss, tokens_per_step / seconds, memory_text(memory))
-            if directory is not None and every and (step + 1) % every == 0 and step + 1 < steps:
-                _save(directory, step + 1, trainer.state, meta)
-    return records
+class _Run:
+    """One run's steps, evaluations and checkpoints (the state ``train`` threads through)."""
+
+    def __init__(self, trainer: Trainer, feed, directory: "Path | None", meta: dict, evaluator):
+        self.trainer, self.feed, self.directory, self.meta = trainer, feed, directory, meta
+        self.evaluator = evaluator
+        self.results = {"eval": [], "data_states": {}, "hf_fields": {}}
+        self.sources: list = []
+
+    def resume(self, saved: dict, step: int):
+        """The data state saved with checkpoint ``step`` (None for byte windows), and the
+        evaluations up to it."""
+        self.results["eval"] = [e for e in saved.get("eval", []) if e["step"] <= step]
+        self.results["hf_fields"] = saved.get("hf_fields", self.results["hf_fields"])
+        if self.feed.kind != "packed":
+            return None
+        states = saved.get("data_states", {})
+        if str(step) not in states:
+            raise ValueError(
+                f"resume=True: {str(self.directory)!r} has no data state for its step {step}, so the "
+                "packed stream cannot continue exactly where it stopped; train again without resume"
+            )
+        self.results["data_states"] = {k: v for k, v in states.items() if int(k) <= step}
+        return states[str(step)]
+
+    def steps(self, start, steps, state, progress, memory, every, eval_every) -> list[dict]:
+        records = []
+        stream = self.feed.iterate(start, state)
+        shape = jax.tree.leaves(self.feed.first)[0].shape
+        tokens_per_step = shape[0] * shape[1] * (shape[2] - (self.feed.kind == "windows"))
+        with train_progress(steps, start, progress and is_primary()) as update:
+            for step in range(start, steps):
+                batch, state = next(stream)
+                t0 = time.perf_counter()
+                loss = float(jax.block_until_ready(self.trainer.step(batch)))
+                seconds = time.perf_counter() - t0
+                records.append({"step": step, "loss": loss, "step_seconds": seconds})
+                done = step + 1
+                evaluation = self._evaluate(done) if self._due(done, steps, eval_every) else None
+                update(done, loss, tokens_per_step / seconds, memory_text(memory), evaluation)
+                if state is not None:
+                    self.results["data_states"][str(done)] = state
+                if self.directory is not None and every and done % every == 0 and done < steps:
+                    self.save(done)
+        return records
+
+    def _due(self, done: int, steps: int, eval_every) -> bool:
+        if self.evaluator is None:
+            return False
+        return done == steps or (eval_every is not None and done % eval_every == 0)
+
+    def _evaluate(self, step: int) -> dict:
+        batches = self.feed.eval_batches()
+        result = self.evaluator(self.trainer.model, batches)
+        entry = {"step": step, "loss": result["loss"], "perplexity": result["perplexity"]}
+        self.results["eval"] = [e for e in self.results["eval"] if e["step"] != step] + [entry]
+        return entry
+
+    def save(self, step: int) -> None:
+        """Every process saves its shards (orbax); process 0 writes the metadata (with the
+        data states of the checkpoints kept) and copies the tokenizer files."""
+        meta = None
+        if is_primary():
+            kept = {str(s) for s in range(step + 1)}
+            states = {k: v for k, v in self.results["data_states"].items() if k in kept}
+            self.results["data_states"] = states
+            meta = {**self.meta, **self.results, "data_stats": self.feed.stats}
+        save_checkpoint(self.directory, step, self.trainer.state, meta)
+        if is_primary():
+            for source in self.sources:
+                _copy_tokenizer(Path(source), self.directory)
+
+    def data_report(self) -> dict:
+        """``{"kind", "tokenizer", **counts}`` of the run's data."""
+        return {"kind": self.feed.kind, "tokenizer": self.meta["tokenizer"], **self.feed.stats}
 
 
-def _save(directory: Path, step: int, state, meta: dict) -> None:
-    """Every process saves its shards (orbax); only process 0 writes the metadata file."""
-    save_checkpoint(directory, step, state, meta if is_primary() else None)
+def _copy_tokenizer(source: Path, directory: Path) -> None:
+    """The tokenizer files of ``source`` (a model or tokenizer directory, or a tokenizer.json)
+    next to the checkpoints, so that generate, eval and export find them there."""
+    if source.is_file():
+        if source.name == "tokenizer.json":
+            tmp = directory / ".tokenizer.json.tmp"
+            tmp.write_bytes(source.read_bytes())
+            tmp.replace(directory / "tokenizer.json")
+        return
+    copy_tokenizer_files(source, directory)

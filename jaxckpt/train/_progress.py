@@ -16,9 +16,15 @@ def memory_text(report: MemoryReport) -> str:
     return text
 
 
+def _eval_text(evaluation: dict) -> str:
+    """``"  eval 2.3456 (ppl 10.4, step 100)"``."""
+    return f"  eval {evaluation['loss']:.4f} (ppl {evaluation['perplexity']:.1f}, step {evaluation['step']})"
+
+
 @contextlib.contextmanager
 def train_progress(total: int, start: int, enabled: bool = True):
-    """Yields ``update(step, loss, tokens_per_second, memory)``; draws nothing when disabled."""
+    """Yields ``update(step, loss, tokens_per_second, memory, evaluation=None)`` (``evaluation``:
+    the latest ``{"step", "loss", "perplexity"}``, shown until the next); draws nothing when disabled."""
     if not enabled:
         yield lambda *args: None
         return
@@ -26,15 +32,18 @@ def train_progress(total: int, start: int, enabled: bool = True):
         TextColumn("[bold]train"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}  {task.fields[speed]} tok/s  {task.fields[memory]}"),
+        TextColumn(
+            "loss {task.fields[loss]}{task.fields[eval]}  {task.fields[speed]} tok/s  {task.fields[memory]}"
+        ),
         TimeRemainingColumn(),
     )
     with Progress(*columns, transient=False) as progress:
-        task = progress.add_task("train", total=total, completed=start, loss="-", speed="-", memory="")
+        fields = dict(loss="-", speed="-", memory="", eval="")
+        task = progress.add_task("train", total=total, completed=start, **fields)
 
-        def update(step: int, loss: float, tokens_per_second: float, memory: str) -> None:
-            progress.update(
-                task, completed=step, loss=f"{loss:.4f}", speed=f"{tokens_per_second:,.0f}", memory=memory
-            )
+        def update(step: int, loss: float, tokens_per_second: float, memory: str, evaluation=None) -> None:
+            extra = {} if evaluation is None else {"eval": _eval_text(evaluation)}
+            speed = f"{tokens_per_second:,.0f}"
+            progress.update(task, completed=step, loss=f"{loss:.4f}", speed=speed, memory=memory, **extra)
 
         yield update
