@@ -118,7 +118,7 @@ def evaluate(
     check_seq(config, seq)
     tok = tokenizer_for(model_dir, tokenizer)
     model = initial_model(config, 0, model_dir)
-    options = DataOptions(None, text_per_line, data)
+    options = DataOptions(data, text_per_line, eval_data=data)  # the whole file is held out
     feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=1, seed=0)
     result = Evaluator(model)(model, feed.eval_batches())
     stats = feed.eval_stats
