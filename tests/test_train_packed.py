@@ -127,3 +127,16 @@ def test_trainer_steps_on_packed_batches():
     assert len(trainer._compiled) == 1
     with pytest.raises(ValueError, match=r"a packed batch's fields must all be \[micro_batches, B, T\]"):
         trainer.step(batch._replace(weights=batch.weights[:, :, :-1]))
+
+
+def test_packed_batches_shard_over_a_mesh_with_the_same_losses():
+    graphdef, params, rest = _split("llama")
+    rng = np.random.default_rng(4)
+    lengths = (7, 5, 9, 6, 8, 4, 10, 11, 12, 13, 9)
+    docs = [rng.integers(0, SIZES["vocab_size"], n).astype(np.int32) for n in lengths]
+    batch = _pack(docs, [np.ones(len(d), np.float32) for d in docs], seq=12)
+    assert batch.inputs.shape[1] == 8  # one row per device
+    single = train.Trainer(nnx.merge(graphdef, params, rest))
+    sharded = train.Trainer(nnx.merge(graphdef, params, rest), mesh=train.make_mesh("data=2,fsdp=4"))
+    for _ in range(2):
+        np.testing.assert_allclose(float(sharded.step(batch)), float(single.step(batch)), rtol=1e-5)
