@@ -10,19 +10,16 @@ Example:
     True
 """
 
-from jaxckpt.generate._decode import MIN_BUCKET, bucket, decode_ids
+from jaxckpt.generate._decode import decode_ids
 from jaxckpt.generate._generate import FINISH_REASONS, Generation, generate
-from jaxckpt.generate._load import TOKENIZER_NAMES, load_model, resolve_tokenizer
+from jaxckpt.generate._load import load_model, resolve_tokenizer
 from jaxckpt.generate._sampling import Knobs, Sampling, next_token, warp_logits
 
 __all__ = [
     "FINISH_REASONS",
-    "MIN_BUCKET",
-    "TOKENIZER_NAMES",
     "Generation",
     "Knobs",
     "Sampling",
-    "bucket",
     "decode_ids",
     "generate",
     "load_model",

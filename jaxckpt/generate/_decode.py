@@ -6,9 +6,11 @@ Shapes are bucketed so that prompts of different lengths share compiled code: th
 is padded to a power of two (at least ``MIN_BUCKET``) and the cache holds a power of two
 at least ``prompt + max_new_tokens`` positions, both capped at the model's ``max_len``.
 The padding is causal-masked away from the prompt's tokens, and the cache's ``start`` is
-reset to the prompt's true length, so the first decode step overwrites it. Compiles: one
-prefill per (prompt bucket, cache bucket), one decode per cache bucket (and number of stop
-ids); greedy and sampling compile apart, the sampling knobs are traced.
+reset to the prompt's true length, so the first decode step overwrites it. A model whose
+RoPE tables depend on the call's length (``LENGTH_DEPENDENT_ROPE``: longrope picks its
+factors by it, as transformers does) is prefilled unpadded. Compiles: one prefill per
+(prompt bucket, cache bucket), one decode per cache bucket (and number of stop ids);
+greedy and sampling compile apart, the sampling knobs are traced.
 """
 
 import functools
@@ -20,10 +22,13 @@ import numpy as np
 from flax import nnx
 
 from jaxckpt.generate._sampling import Knobs, Sampling, next_token
-from jaxckpt.nn import KVCache, Transformer
+from jaxckpt.nn import KVCache, RopeKind, Transformer, TransformerConfig
 
 MIN_BUCKET = 16
 """The shortest padded prompt and cache (shorter ones would compile for nothing)."""
+
+LENGTH_DEPENDENT_ROPE = frozenset({RopeKind.LONGROPE})
+"""RoPE scalings whose tables depend on the length of the call: padding would change them."""
 
 
 def bucket(n: int, cap: int) -> int:
@@ -34,6 +39,20 @@ def bucket(n: int, cap: int) -> int:
         (16, 32, 48)
     """
     return max(n, min(cap, max(MIN_BUCKET, 1 << (n - 1).bit_length())))
+
+
+def prompt_bucket(n: int, cache_len: int, config: TransformerConfig) -> int:
+    """The padded length of a prompt of ``n`` tokens (``n`` itself for ``LENGTH_DEPENDENT_ROPE``).
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> prompt_bucket(5, 64, nn.TransformerConfig.preset("tiny"))
+        16
+    """
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.kind in LENGTH_DEPENDENT_ROPE:
+        return n
+    return bucket(n, cache_len)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "greedy"))
@@ -96,7 +115,7 @@ def decode_ids(
     cfg = model.config
     n = len(prompt_ids)
     cache_len = bucket(n + max_new_tokens, cfg.max_len)
-    padded = np.zeros((1, bucket(n, cache_len)), np.int32)
+    padded = np.zeros((1, prompt_bucket(n, cache_len, cfg)), np.int32)
     padded[0, :n] = prompt_ids
     graphdef, state = nnx.split(model)
     knobs = sampling.knobs(cfg.vocab_size)

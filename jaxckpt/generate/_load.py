@@ -57,10 +57,6 @@ def load_model(path: "str | os.PathLike", *, dtype: str | None = None, name: str
     return train.initial_model(config, seed=0, init_from=path)
 
 
-TOKENIZER_NAMES = {"bytes": data.ByteTokenizer}
-"""``tokenizer=`` names that are not paths: ``"bytes"`` is the byte-level tokenizer."""
-
-
 def resolve_tokenizer(model_dir: "Path | None", tokenizer, *, required: bool):
     """The tokenizer of a ``generate`` call.
 
@@ -68,8 +64,8 @@ def resolve_tokenizer(model_dir: "Path | None", tokenizer, *, required: bool):
         model_dir: the model's directory, or None for a model object.
         tokenizer: a tokenizer object (``encode``, ``decode``, ``stop_ids``), a path to one,
             ``"bytes"``, or None: the directory's own (``data.tokenizer_for``).
-        required: whether the prompt is text (else, ids: a directory without a tokenizer
-            gives None, and the completion is not decoded).
+        required: whether the prompt is text. Else (ids) a tokenizer only decodes the
+            completion and gives the stop ids: a directory without one gives None.
 
     Raises:
         ValueError: a text prompt and no tokenizer (a ``DataError`` says why, for a directory).
@@ -80,19 +76,16 @@ def resolve_tokenizer(model_dir: "Path | None", tokenizer, *, required: bool):
     """
     if tokenizer is not None and not isinstance(tokenizer, str | os.PathLike):
         return tokenizer
-    if model_dir is None:
-        if tokenizer is None:
-            if required:
-                raise ValueError(
-                    "tokenizer=None: a text prompt to a model object needs a tokenizer "
-                    "(a tokenizer, a path to one, or 'bytes'), or give the prompt as ids"
-                )
-            return None
-        make = TOKENIZER_NAMES.get(str(tokenizer))
-        return make() if make is not None else data.load_tokenizer(tokenizer)
+    if model_dir is None and tokenizer is None:
+        if required:
+            raise ValueError(
+                "tokenizer=None: a text prompt to a model object needs a tokenizer "
+                "(a tokenizer, a path to one, or 'bytes'), or give the prompt as ids"
+            )
+        return None
     try:
         return data.tokenizer_for(model_dir, override=tokenizer)
     except data.DataError:
-        if required or tokenizer is not None:
-            raise
-        return None  # ids in, ids out: a bare model directory needs no tokenizer
+        if required or tokenizer is not None or (model_dir / "tokenizer.json").is_file():
+            raise  # a text prompt, a tokenizer named, or one there that cannot be read
+        return None  # ids in, ids out: a model directory without a tokenizer is fine
