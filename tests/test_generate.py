@@ -304,6 +304,15 @@ def test_greedy_equals_transformers(hf_models, family):
 
 
 @pytest.mark.torch
+def test_longrope_is_prefilled_unpadded_and_equals_transformers_within_its_original_length(hf_models):
+    torch_model, path = hf_models["phi3"]  # original_max_position_embeddings=8: 3 + 5 tokens stay short
+    model = _load.load_model(path)
+    assert _decode.prompt_bucket(3, 16, model.config) == 3  # padded to 16 it would take the long factors
+    theirs = _transformers_greedy(torch_model, HF_PROMPT[:3], 5)
+    assert generate(model, HF_PROMPT[:3], max_new_tokens=5).new_token_ids == theirs
+
+
+@pytest.mark.torch
 def test_an_eos_stops_both_alike(hf_models):
     torch_model, path = hf_models["qwen3"]
     free = _transformers_greedy(torch_model, HF_PROMPT, HF_NEW)
