@@ -3,8 +3,8 @@ on a jsonl of the three record shapes, exported back with ``jaxckpt convert CKPT
 torch``, and transformers (the oracle) loads the export and generates the same greedy tokens as
 ``jaxckpt generate`` does from the checkpoint and from the export, plain and ``--chat``.
 
-Module fixtures run the pipeline once: ``base`` converts (the quick, unmarked check generates
-from it), ``run`` trains 3 steps, exports and generates (the ``slow`` tests).
+The module fixture ``base`` converts (the quick, unmarked check generates from it); the ``slow``
+test trains 3 steps, exports, generates and runs the ``_check_*`` of each part of the criterion.
 """
 
 import contextlib
@@ -96,9 +96,8 @@ def base(tmp_path_factory) -> dict:
     return dict(root=root, hf=hf, conv=root / "conv", tok=tok)
 
 
-@pytest.fixture(scope="module")
-def run(base) -> dict:
-    """Fine-tune ``conv`` for 3 steps, export the checkpoint, generate from both (once)."""
+def _pipeline(base) -> dict:
+    """Fine-tunes ``conv`` for 3 steps, exports the checkpoint, generates from both."""
     root = base["root"]
     with open(root / "data.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in _records(37))
@@ -124,11 +123,6 @@ def _greedy(model, ids: list[int], **kwargs) -> list[int]:
     return result[0, len(ids) :].tolist()
 
 
-@pytest.fixture(scope="module")
-def exported_model(run):
-    return transformers.AutoModelForCausalLM.from_pretrained(run["out"]).eval()
-
-
 def test_a_converted_model_generates_as_transformers(base):
     """The quick check (no training): ``jaxckpt generate`` of the converted directory gives
     the original's greedy tokens in transformers, from the same prompt ids."""
@@ -149,8 +143,8 @@ def _finish(model, new: list[int]) -> str:
     return "length"
 
 
-@pytest.mark.slow
-def test_the_export_has_config_weights_and_tokenizer_files(run):
+def _check_files(run):
+    """The export has config.json, the weights and the tokenizer files; training evaluated."""
     names = {p.name for p in run["out"].iterdir()}
     assert {"config.json", "model.safetensors", *TOKENIZER_FILES} <= names
     assert run["exported"]["tokenizer_files"] == list(TOKENIZER_FILES)
@@ -160,8 +154,8 @@ def test_the_export_has_config_weights_and_tokenizer_files(run):
     assert run["trained"]["data"]["kind"] == "packed" and run["trained"]["data"]["tokenizer"] == "files"
 
 
-@pytest.mark.slow
-def test_the_export_tokenizes_as_the_original(run):
+def _check_tokenizer(run):
+    """transformers reads the exported tokenizer as the original (and as ours)."""
     original, back = run["tok"], transformers.AutoTokenizer.from_pretrained(run["out"])
     ours = load_tokenizer(run["ckpt"])
     for text in TEXTS:
@@ -179,8 +173,8 @@ def test_the_export_tokenizes_as_the_original(run):
     assert generation.eos_token_id == [original.convert_tokens_to_ids(t) for t in STOPS]
 
 
-@pytest.mark.slow
-def test_the_export_holds_the_trained_weights_not_the_base(run, exported_model):
+def _check_trained_weights(run, exported_model):
+    """The export is of the trained model, not of the base it started from."""
     base = transformers.AutoModelForCausalLM.from_pretrained(run["hf"]).state_dict()
     trained = exported_model.state_dict()
     assert base.keys() == trained.keys()
@@ -189,8 +183,8 @@ def test_the_export_holds_the_trained_weights_not_the_base(run, exported_model):
     assert exported_model.dtype == torch.float32
 
 
-@pytest.mark.slow
-def test_transformers_generates_the_same_greedy_tokens_as_jaxckpt(run, exported_model):
+def _check_greedy(run, exported_model):
+    """Same prompt ids, and the same greedy tokens from the checkpoint, the export and transformers."""
     ids = transformers.AutoTokenizer.from_pretrained(run["out"])(PROMPT).input_ids
     assert ids == load_tokenizer(run["ckpt"]).encode(PROMPT).tolist()
     ckpt, out = run["generate"][("ckpt", ())], run["generate"][("out", ())]
@@ -199,8 +193,7 @@ def test_transformers_generates_the_same_greedy_tokens_as_jaxckpt(run, exported_
     assert ckpt["finish_reason"] == _finish(exported_model, ckpt["new_token_ids"])
 
 
-@pytest.mark.slow
-def test_a_stop_id_ends_both_at_the_same_token(run, exported_model):
+def _check_stop_id(run, exported_model):
     """The greedy tokens' fourth as the only stop id: both stop on it, at its first place."""
     ids = run["tok"](PROMPT).input_ids
     stop = run["generate"][("ckpt", ())]["new_token_ids"][3]
@@ -209,8 +202,8 @@ def test_a_stop_id_ends_both_at_the_same_token(run, exported_model):
     assert g.new_token_ids == expected and expected[-1] == stop and g.finish_reason == "eos"
 
 
-@pytest.mark.slow
-def test_chat_prompts_render_and_generate_as_transformers(run, exported_model):
+def _check_chat(run, exported_model):
+    """``--chat``'s prompt is transformers' apply_chat_template, and it generates as transformers."""
     back = transformers.AutoTokenizer.from_pretrained(run["out"])
     messages = [{"role": "user", "content": PROMPT}]
     ids = back.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -221,3 +214,16 @@ def test_chat_prompts_render_and_generate_as_transformers(run, exported_model):
     chat = run["generate"][("ckpt", ("--chat",))]
     assert chat["new_token_ids"] == _greedy(exported_model, list(ids))
     assert chat["finish_reason"] == _finish(exported_model, chat["new_token_ids"])
+
+
+@pytest.mark.slow
+def test_a_fine_tuned_checkpoint_exports_and_generates_as_transformers(base):
+    """The issue's criterion. One test, so that the pipeline runs once whatever worker it is on."""
+    run = _pipeline(base)
+    exported_model = transformers.AutoModelForCausalLM.from_pretrained(run["out"]).eval()
+    _check_files(run)
+    _check_tokenizer(run)
+    _check_trained_weights(run, exported_model)
+    _check_greedy(run, exported_model)
+    _check_stop_id(run, exported_model)
+    _check_chat(run, exported_model)
