@@ -23,7 +23,9 @@ def tokenize(record, where):
 
 
 def _texts(lengths):
-    return [f"{i} {n} {i % 3}" for i, n in enumerate(lengths)]
+    """Record i: a prompt of i % 3 tokens (at most n - 1, so each record of 2 tokens or more
+    has a target; ``test_pieces_without_a_target_are_left_out_and_counted`` has the rest)."""
+    return [f"{i} {n} {min(i % 3, max(n - 1, 0))}" for i, n in enumerate(lengths)]
 
 
 def _write(tmp_path, lengths=LENGTHS, fmt="jsonl"):
@@ -191,7 +193,7 @@ def test_eval_of_a_separate_file_is_every_record_once(tmp_path):
     batches = list(data.eval_batches())
     assert [i for i, o in _pieces(batches) if o == 0] == [i for i, n in enumerate(LENGTHS[:9]) if n >= 2]
     assert (batches[-1].segment_ids[0, -1] == 0).all() and not batches[-1].weights[0, -1].any()  # padding row
-    targets = sum(n - max(i % 3, 1) for i, n in enumerate(LENGTHS[:9]) if n >= 2)  # mask: k >= i % 3
+    targets = sum(n - max(min(i % 3, n - 1), 1) for i, n in enumerate(LENGTHS[:9]) if n >= 2)  # k >= prompt
     assert sum(float(b.weights.sum()) for b in batches) == targets
     stats = data.eval_stats
     assert stats["tokens"] == targets and stats["documents"] == 9 and stats["skipped_short"] == 2
@@ -268,3 +270,19 @@ def test_first_batch_of_a_large_file_reads_only_its_window(tmp_path):
         tracemalloc.stop()
     assert state["window"] == 0 and batch.inputs.shape == (1, 2, 7)
     assert peak < 1_000_000, peak  # the file is 12 MB; a window of 64 records ~ 70 kB
+
+
+def test_pieces_without_a_target_are_left_out_and_counted(tmp_path):
+    """A piece with no weighted target (the head of a long prompt, a record that is all
+    prompt) adds nothing to the loss: it is not packed, and the stats count it."""
+    path = tmp_path / "d.jsonl"
+    texts = ["0 20 17", "1 4 4", "2 6 1"]  # 3 pieces, the first two without target; none; one
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    data = PackedBatches(path, tokenize, batch=1, seq=7, shuffle_buffer=1)
+    stream = data.iterate()
+    first = next(stream)[0]  # record 0's last piece; records 1 and 2 read to close the row
+    stats = data.stats
+    assert stats["skipped_pieces"] == 3 and stats["skipped_no_target"] == 1
+    batches = [first, next(stream)[0]]
+    assert _pieces(batches) == [(0, 14), (2, 0)]
+    assert all(float(b.weights.sum()) > 0 for b in batches)

@@ -36,6 +36,8 @@ DEFAULT_SHUFFLE_BUFFER = 4096
 _COUNTS = (
     "documents",
     "skipped_short",
+    "skipped_no_target",
+    "skipped_pieces",
     "split_documents",
     "extra_pieces",
     "heldout_records",
@@ -166,7 +168,9 @@ class PackedBatches:
     def stats(self) -> dict:
         """The running counts as of the latest batch ``iterate`` gave (``summarize``), and
         ``epoch``, the epoch (from 0) the next batch starts in. The counts: ``documents``
-        (read and tokenized, ``skipped_short`` of them with fewer than two tokens),
+        (read and tokenized, ``skipped_short`` of them with fewer than two tokens and
+        ``skipped_no_target`` with no token in the loss), ``skipped_pieces`` (pieces of a split
+        document with no target, e.g. the head of a long prompt: left out),
         ``split_documents`` and the ``extra_pieces`` they made, ``heldout_records``,
         ``pieces``, ``tokens`` (targets of weight 1), ``filled`` and ``padding`` slots,
         ``rows``, ``batches`` and ``epochs`` (passes finished). They continue across a resume.
@@ -283,18 +287,23 @@ class PackedBatches:
             epoch, window, start, counts["epochs"] = epoch + 1, 0, None, counts["epochs"] + 1
 
     def _split(self, item: tuple, counts: dict) -> list[Example]:
+        """The pieces of a record that have a target: a piece with none (the head of a long
+        prompt) adds nothing to the loss, since no other piece attends to it, so it is left
+        out and counted in ``skipped_pieces``."""
         record, where, _ = item
         pieces = split_document(self.tokenize(record, where), self.seq, where=where)
-        if not pieces:
+        kept = [piece for piece in pieces if piece.loss_mask[1:].any()]
+        counts["skipped_pieces"] += len(pieces) - len(kept)
+        if not kept:
             counts["documents"] += 1
-            counts["skipped_short"] += 1
-        return pieces
+            counts["skipped_short" if not pieces else "skipped_no_target"] += 1
+        return kept
 
     def _nothing(self, what: str) -> str:
         held = f" with eval_fraction={self.eval_fraction}" if self.eval_fraction is not None else ""
         return (
             f"{self.name}={str(self.path)!r}: no record the stream {what}{held}: every record is "
-            "held out or has fewer than two tokens"
+            "held out, has fewer than two tokens or no token in the loss"
         )
 
     def eval_batches(self) -> Iterator[PackedBatch]:

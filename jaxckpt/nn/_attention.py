@@ -1,5 +1,7 @@
 """Multi-head (and grouped-query) self-attention over ``flash_attention``."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -7,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.attention import flash_attention
 from jaxckpt.nn._activation_sharding import constrain
-from jaxckpt.nn._choices import LayerKind, Positions
+from jaxckpt.nn._choices import LayerKind, Positions, RopeKind
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._kv_cache import LayerCache
 from jaxckpt.nn._layers import make_dense, make_norm
@@ -53,7 +55,7 @@ class Attention(nnx.Module):
 
     def _rope(self, positions: jax.Array, kind: LayerKind) -> "tuple[jax.Array, jax.Array] | None":
         """The cos / sin tables of a layer of ``kind`` at ``positions [T]`` or ``[B, T]``
-        (None: no RoPE). Longrope picks its factors by the static length ``T``."""
+        (None: no RoPE). Longrope picks its factors by ``max(positions) + 1``, as transformers."""
         cfg = self.config
         if cfg.positions != Positions.ROPE or not kind.rope:
             return None
@@ -61,8 +63,15 @@ class Attention(nnx.Module):
             theta, scaling = cfg.local_rope_theta, None
         else:
             theta, scaling = cfg.rope_theta, cfg.rope_scaling
-        t = positions.shape[-1]
-        return rope_tables(positions, cfg.rotary_dim, theta, scaling, max_len=cfg.max_len, seq_len=t)
+        table = functools.partial(rope_tables, positions, cfg.rotary_dim, theta, scaling, max_len=cfg.max_len)
+        if scaling is None or scaling.kind != RopeKind.LONGROPE:
+            return table(seq_len=positions.shape[-1])
+        # As transformers: the long factors once max(positions) + 1 passes the original length
+        # (a decode step past it, a packed row whose documents are shorter than the row).
+        limit = scaling.original_max_len
+        short, long = table(seq_len=limit), table(seq_len=limit + 1)
+        use_long = jnp.max(positions) + 1 > limit
+        return tuple(jnp.where(use_long, b, a) for a, b in zip(short, long, strict=True))
 
     def _tables(
         self, positions: jax.Array, kinds: tuple[LayerKind, ...], index
