@@ -164,7 +164,7 @@ def data_lines(data: dict) -> list[str]:
     return [
         f"data: {data['documents']} documents ({data['split_documents']} longer than --seq split into "
         f"{data['split_documents'] + data['extra_pieces']} pieces, {data['skipped_short']} shorter than "
-        f"2 tokens skipped), {data['tokens']} target tokens"
+        f"2 tokens and {data['skipped_no_target']} with no target skipped), {data['tokens']} target tokens"
         + (f", epoch {data['epoch']}" if "epoch" in data else ""),
         f"packing: {100 * data['packing_efficiency']:.1f}% of slots hold tokens, against "
         f"{100 * data['padded_efficiency']:.1f}% with every document padded to --seq",
