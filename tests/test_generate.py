@@ -270,21 +270,16 @@ def _transformers_greedy(torch_model, prompt, n, eos=None):
     return out[0, len(prompt) :].tolist()
 
 
-LONGROPE_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="nn's cached path picks longrope's factors by the call's length T (1 in a decode step), "
-    "transformers by max(position_ids) + 1: past original_max_position_embeddings the two differ",
-)
-FAMILIES = {  # torch_models.FAMILIES; the four that bring the most distinct features run fast
+FAMILIES = {  # torch_models.FAMILIES; the five that bring the most distinct features run fast
     "llama3": (),  # llama3 rope scaling, tied head
     "qwen3": (),  # q/k norm
     "gemma2": (),  # soft caps, windows, post norms
     "gemma3": (),  # 2 local : 1 global, local rope base
+    "phi3": (),  # longrope: 5 + 8 tokens pass original_max_position_embeddings=8 (prefilled again)
     "smollm2": (pytest.mark.slow,),
     "qwen2": (pytest.mark.slow,),
     "mistral": (pytest.mark.slow,),
     "smollm3": (pytest.mark.slow,),
-    "phi3": (pytest.mark.slow, LONGROPE_XFAIL),
 }
 
 
@@ -304,12 +299,20 @@ def test_greedy_equals_transformers(hf_models, family):
 
 
 @pytest.mark.torch
-def test_longrope_is_prefilled_unpadded_and_equals_transformers_within_its_original_length(hf_models):
-    torch_model, path = hf_models["phi3"]  # original_max_position_embeddings=8: 3 + 5 tokens stay short
+def test_longrope_is_prefilled_unpadded_and_again_where_transformers_drops_its_cache(hf_models):
+    torch_model, path = hf_models["phi3"]  # original_max_position_embeddings=8
     model = _load.load_model(path)
     assert _decode.prompt_bucket(3, 16, model.config) == 3  # padded to 16 it would take the long factors
-    theirs = _transformers_greedy(torch_model, HF_PROMPT[:3], 5)
-    assert generate(model, HF_PROMPT[:3], max_new_tokens=5).new_token_ids == theirs
+    assert _decode.rope_switch(model.config, 5, HF_NEW) == 4  # 5 + 4 tokens = 9: prefilled again
+    assert _decode.rope_switch(model.config, 3, 5) is None  # 3 + 5 stay within 8: short factors
+    assert generate(model, HF_PROMPT[:3], max_new_tokens=5).new_token_ids == _transformers_greedy(
+        torch_model, HF_PROMPT[:3], 5
+    )
+    free = generate(model, HF_PROMPT, max_new_tokens=HF_NEW).new_token_ids
+    early = generate(model, HF_PROMPT, max_new_tokens=HF_NEW, stop_ids=[free[1]])  # a stop before the switch
+    assert early.new_token_ids == free[: free.index(free[1]) + 1] and early.finish_reason == "eos"
+    run = lambda: generate(model, HF_PROMPT, max_new_tokens=HF_NEW, temperature=1.0, seed=2).new_token_ids
+    assert run() == run() and len(run()) == HF_NEW
 
 
 @pytest.mark.torch
