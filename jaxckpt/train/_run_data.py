@@ -112,7 +112,8 @@ class WindowData:
         return {"tokens": (len(self._held) - 1) // seq * seq}
 
     @property
-    def first(self):
+    def first(self) -> np.ndarray:
+        """A batch of the run's shape (the step compiles for it): step 0's."""
         return self.batches.batch_at(0)
 
 
@@ -161,6 +162,8 @@ class PackedData:
 
     @property
     def first(self) -> PackedBatch:
+        """The stream's first batch: the step compiles for its shape, and reading it checks
+        the data's first window before ``--force`` removes any checkpoint."""
         return next(self.stream.iterate())[0]
 
 
