@@ -43,7 +43,7 @@ def test_convert_to_jax_train_and_back_to_torch(tmp_path, capsys):
     ids = tm.tokens(length=7)
     np.testing.assert_allclose(tm.torch_logits(reloaded, ids), tm.torch_logits(torch_model, ids), atol=1e-6)
 
-    short = ("--steps", "2", "--batch", "2", "--seq", "9")
+    short = ("--steps", "2", "--batch", "2", "--seq", "9", "--tokenizer", "bytes")  # the model has none
     run = _run(capsys, "train", "--init-from", str(tmp_path / "jax"), *short)
     assert len(run["steps"]) == 2
     hf_run = _run(capsys, "train", "--init-from", str(tmp_path / "hf"), *short)

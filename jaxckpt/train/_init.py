@@ -97,6 +97,20 @@ def _check_compatible(source: TransformerConfig, config: TransformerConfig, path
         )
 
 
+def check_init_from(config: TransformerConfig, init_from: "str | os.PathLike") -> None:
+    """Raises what ``initial_model`` would about ``init_from`` (a missing or unreadable
+    directory, or a model other than ``config``) without loading any weight.
+
+    Example:
+        >>> check_init_from(TransformerConfig.preset("tiny"), "no/such/dir")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: init_from='no/such/dir' does not exist
+    """
+    path = Path(init_from)
+    _check_compatible(source_config(path, name="init_from"), config, path)
+
+
 def initial_model(
     config: TransformerConfig, seed: int, init_from: "str | os.PathLike | None", optimizer=None
 ) -> Transformer:

@@ -15,7 +15,7 @@ from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
-from jaxckpt.train._init import initial_model, source_config, source_hf_fields
+from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._progress import memory_text, train_progress
 from jaxckpt.train._run_data import DataOptions, run_data
@@ -207,7 +207,7 @@ def train(
             raise ValueError("eval_every needs held-out data: give eval_data or eval_split")
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     if init_from is not None:
-        source_config(init_from, name="init_from")  # the model's own errors come first
+        check_init_from(config, init_from)  # the model's own errors come first
     tok = tokenizer_for(init_from, tokenizer)
     _check_vocab(tok, config)
     feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
