@@ -1,6 +1,7 @@
 """The loss and gradients of a packed batch equal the token-weighted loss and gradients of
 its documents run one by one (fp32, 1e-5): attention stays inside each document, positions
-restart in each, and no target crosses a boundary or sits on padding."""
+restart in each, and no target crosses a boundary or sits on padding (RoPE and learned
+positions here; every position scheme and windows at the logits, in test_nn_packed_and_cache)."""
 
 from typing import NamedTuple
 
@@ -21,10 +22,9 @@ class Packed(NamedTuple):
     positions: np.ndarray
 
 
-CASES = {
+CASES = {  # windows, NoPE and the other position schemes: tests/test_nn_packed_and_cache.py
     "llama": ("tiny", dict(n_layers=2)),
     "gpt2": ("gpt2", dict(n_layers=2, n_kv_heads=3)),  # learned positions
-    "gemma2": ("gemma2-2b", dict(n_layers=2, sliding_window=3)),
 }
 ATTENTION = None  # auto: the blockwise kernel on CPU, as training runs
 SIZES = dict(d_model=24, n_heads=3, n_kv_heads=1, head_dim=10, ffn_dim=40, vocab_size=61, max_len=32)
