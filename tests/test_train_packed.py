@@ -23,8 +23,8 @@ class Packed(NamedTuple):
 
 
 CASES = {  # windows, NoPE and the other position schemes: tests/test_nn_packed_and_cache.py
-    "llama": ("tiny", dict(n_layers=2)),
-    "gpt2": ("gpt2", dict(n_layers=2, n_kv_heads=3)),  # learned positions
+    "llama": ("tiny", dict(n_layers=1)),
+    "gpt2": ("gpt2", dict(n_layers=1, n_kv_heads=3)),  # learned positions
 }
 ATTENTION = None  # auto: the blockwise kernel on CPU, as training runs
 SIZES = dict(d_model=24, n_heads=3, n_kv_heads=1, head_dim=10, ffn_dim=40, vocab_size=61, max_len=32)
@@ -86,14 +86,14 @@ def _packed(graphdef, params, rest, batch, spec):
 def test_packed_loss_and_grads_equal_the_documents_one_by_one(case):
     graphdef, params, rest = _split(case)
     rng = np.random.default_rng(0)
-    lengths = (6, 9, 4, 11, 5)
+    lengths = (6, 9, 4)
     docs = [rng.integers(0, SIZES["vocab_size"], n).astype(np.int32) for n in lengths]
     masks = [np.ones(n, np.float32) for n in lengths]
     masks[1][:5] = 0  # a prompt: no loss on it
-    batch = _pack(docs, masks, seq=16)
+    batch = _pack(docs, masks, seq=12)
     assert batch.inputs.shape[1] > 1  # several rows, some padding
     want_loss, want_grads = _one_by_one(graphdef, params, rest, docs, masks)
-    got_loss, got_grads = _packed(graphdef, params, rest, batch, remat.get("full"))
+    got_loss, got_grads = _packed(graphdef, params, rest, batch, remat.get("full"))  # remat: same numbers
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
