@@ -1,16 +1,29 @@
 """The training losses: next-token cross-entropy on plain windows, and its token-weighted
 sum on packed rows (``jaxckpt.data.PackedBatch``: segment ids, positions restarting per
-document, a weight per target)."""
+document, a weight per target).
+
+The packed loss never holds the whole ``[B, T, V]`` fp32 logits when they exceed
+``CHUNK_LOGITS_BYTES``: it cuts the rows along T into chunks and, when differentiated,
+computes each chunk's gradient (towards the hidden states and the head's parameters) in
+the forward pass, so only one chunk's logits and their gradient are live at a time, at
+the FLOPs of the plain loss (no recomputed head).
+"""
+
+import math
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.extend.core import Var
 
 from jaxckpt.remat import RematSpec
 
 PACKED_FIELDS = ("inputs", "targets", "weights", "segment_ids", "positions")
 """The arrays of a packed batch, each ``[..., B, T]``."""
+
+CHUNK_LOGITS_BYTES = 64 * 2**20
+"""The most bytes of fp32 logits one chunk of ``weighted_loss_sum`` holds (``B * chunk * V * 4``)."""
 
 
 def is_packed(batch) -> bool:
@@ -28,7 +41,8 @@ def weighted_loss_sum(model: nnx.Module, batch, remat: "str | RematSpec | None" 
     """``sum(weights * cross_entropy(model(inputs), targets))`` over one packed micro-batch
     (fields ``[B, T]``), in fp32. Attention stays inside each document (``segment_ids``)
     and positions restart in each (``positions``), so a packed row's sum equals the sum
-    of its documents' losses, each run alone.
+    of its documents' losses, each run alone. Logits larger than ``CHUNK_LOGITS_BYTES``
+    are computed a chunk of positions at a time (the same sum, fp32 rounding aside).
 
     Example:
         >>> import jax.numpy as jnp
@@ -43,6 +57,121 @@ def weighted_loss_sum(model: nnx.Module, batch, remat: "str | RematSpec | None" 
         0.0
     """
     x = model.features(batch.inputs, positions=batch.positions, segment_ids=batch.segment_ids, remat=remat)
+    vocab = jax.eval_shape(model.logits, x[:, :1]).shape[-1]
+    chunks = chunk_count(*batch.targets.shape, vocab)
+    if chunks > 1:
+        return chunked_loss_sum(model, x, batch.targets, batch.weights, chunks)
     logits = model.logits(x).astype(jnp.float32)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)
     return jnp.sum(losses * batch.weights.astype(jnp.float32))
+
+
+def chunk_count(batch: int, seq: int, vocab: int, limit: int | None = None) -> int:
+    """How many chunks along T keep each chunk's fp32 logits within ``limit`` bytes: the
+    fewest that do, or a few more if that divides ``seq`` (no padded positions).
+    ``limit`` defaults to ``CHUNK_LOGITS_BYTES``.
+
+    Example:
+        >>> chunk_count(4, 256, 49152), chunk_count(4, 257, 49152), chunk_count(2, 64, 301)
+        (4, 4, 1)
+    """
+    limit = CHUNK_LOGITS_BYTES if limit is None else limit
+    need = min(seq, max(1, math.ceil(batch * seq * vocab * 4 / limit)))
+    return next((n for n in range(need, min(2 * need, seq) + 1) if seq % n == 0), need)
+
+
+def _read_leaves(fn, leaves: list, *args) -> list[bool]:
+    """Which of ``leaves`` (the first arguments of ``fn``) its jaxpr reads."""
+    closed = jax.make_jaxpr(fn)(leaves, *args)
+    read = {v for eqn in closed.jaxpr.eqns for v in eqn.invars if isinstance(v, Var)}
+    read |= {v for v in closed.jaxpr.outvars if isinstance(v, Var)}
+    return [v in read for v in closed.jaxpr.invars[: len(leaves)]]
+
+
+def chunked_loss_sum(model: nnx.Module, x: jax.Array, targets, weights, chunks: int) -> jax.Array:
+    """``sum(weights * cross_entropy(model.logits(x), targets))`` over hidden states
+    ``x [B, T, D]``, ``chunks`` slices of positions at a time (``lax.scan``).
+
+    Under differentiation, each chunk's gradient towards its hidden states and the
+    parameters that ``model.logits`` reads is taken in the forward pass and kept (fp32
+    sums for the parameters); the backward pass scales them by the incoming cotangent.
+    Parameters the logits do not read get no gradient from here.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, vocab_size=37, tie_embeddings=True)
+        >>> graphdef, params, rest = nnx.split(nn.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+        >>> x = jax.random.normal(jax.random.key(0), (3, 11, cfg.d_model))
+        >>> t = jax.random.randint(jax.random.key(1), (3, 11), 0, 37)
+        >>> w = jax.random.uniform(jax.random.key(2), (3, 11))
+        >>> def loss(params, x, chunks):
+        ...     model = nnx.merge(graphdef, params, rest)
+        ...     if chunks > 1:
+        ...         return chunked_loss_sum(model, x, t, w, chunks)
+        ...     lg = model.logits(x)
+        ...     return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(lg, t) * w)
+        >>> (a, ga), (b, gb) = (jax.value_and_grad(loss, (0, 1))(params, x, c) for c in (1, 4))
+        >>> rel = lambda u, v: float(jnp.abs(u - v).max() / (jnp.abs(u).max() + 1e-30))
+        >>> bool(abs(a - b) / a < 1e-6), max(map(rel, jax.tree.leaves(ga), jax.tree.leaves(gb))) < 1e-5
+        (True, True)
+    """
+    b, t, d = x.shape
+    size = math.ceil(t / chunks)
+    pad = chunks * size - t
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    leaves, treedef = jax.tree.flatten(params)
+
+    def logits_of(leaves, rest, xc):
+        return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), rest).logits(xc).astype(jnp.float32)
+
+    read = _read_leaves(logits_of, leaves, rest, x[:, :1])
+    head = [leaf for leaf, r in zip(leaves, read, strict=True) if r]
+    other = [leaf for leaf, r in zip(leaves, read, strict=True) if not r]
+
+    def chunk_loss(head, other, rest, xc, tc, wc):
+        it_head, it_other = iter(head), iter(other)
+        merged = [next(it_head) if r else next(it_other) for r in read]
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits_of(merged, rest, xc), tc)
+        return jnp.sum(losses * wc)
+
+    def split(a):  # [B, T, ...] -> [chunks, B, size, ...]
+        a = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
+        return jnp.moveaxis(a.reshape(b, chunks, size, *a.shape[2:]), 1, 0)
+
+    def pieces(x, targets, weights):
+        return split(x), split(targets), split(weights.astype(jnp.float32))
+
+    @jax.custom_vjp
+    def loss_sum(head, other, rest, x, targets, weights):
+        def body(total, c):
+            return total + chunk_loss(head, other, rest, *c), None
+
+        return jax.lax.scan(body, jnp.zeros((), jnp.float32), pieces(x, targets, weights))[0]
+
+    def forward(head, other, rest, x, targets, weights):
+        def body(carry, c):
+            total, grads = carry
+            xc, tc, wc = c
+            loss, vjp = jax.vjp(lambda h, xc: chunk_loss(h, other, rest, xc, tc, wc), head, xc)
+            g_head, g_x = vjp(jnp.ones((), jnp.float32))
+            grads = [acc + g.astype(jnp.float32) for acc, g in zip(grads, g_head, strict=True)]
+            return (total + loss, grads), g_x
+
+        zeros = [jnp.zeros(leaf.shape, jnp.float32) for leaf in head]
+        (total, g_head), g_x = jax.lax.scan(
+            body, (jnp.zeros((), jnp.float32), zeros), pieces(x, targets, weights)
+        )
+        g_x = jnp.moveaxis(g_x, 0, 1).reshape(b, chunks * size, d)[:, :t]
+        return total, (g_head, g_x)
+
+    head_dtypes, x_dtype = [leaf.dtype for leaf in head], x.dtype
+
+    def backward(residuals, g):
+        g_head, g_x = residuals
+        g_head = [(g * a).astype(dtype) for a, dtype in zip(g_head, head_dtypes, strict=True)]
+        return g_head, None, None, (g * g_x).astype(x_dtype), None, None
+
+    loss_sum.defvjp(forward, backward)
+    return loss_sum(head, other, rest, x, targets, weights)
