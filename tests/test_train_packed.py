@@ -140,3 +140,22 @@ def test_packed_batches_shard_over_a_mesh_with_the_same_losses():
     sharded = train.Trainer(nnx.merge(graphdef, params, rest), mesh=train.make_mesh("data=2,fsdp=4"))
     for _ in range(2):
         np.testing.assert_allclose(float(sharded.step(batch)), float(single.step(batch)), rtol=1e-5)
+
+
+def test_chunked_logits_give_the_same_loss_and_grads(monkeypatch):
+    """Over ``CHUNK_LOGITS_BYTES`` the packed loss runs the head a chunk of positions at a
+    time, each chunk's gradient taken in the forward pass: the same loss and gradients."""
+    from jaxckpt.train import _loss
+
+    graphdef, params, rest = _split("llama")
+    rng = np.random.default_rng(6)
+    docs = [rng.integers(0, SIZES["vocab_size"], n).astype(np.int32) for n in (6, 9, 4)]
+    masks = [np.ones(len(d), np.float32) for d in docs]
+    batch = _pack(docs, masks, seq=12)
+    want_loss, want_grads = _one_by_one(graphdef, params, rest, docs, masks)
+    monkeypatch.setattr(_loss, "CHUNK_LOGITS_BYTES", 2 * 12 * SIZES["vocab_size"])  # 4+ chunks per row
+    assert _loss.chunk_count(*batch.inputs.shape[1:], SIZES["vocab_size"]) > 1
+    got_loss, got_grads = _packed(graphdef, params, rest, batch, remat.get("full"))
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
