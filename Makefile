@@ -49,6 +49,7 @@ bench: setup
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_vs_torch.py
 	$(PY) benchmarks/bench_planner.py
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_convert.py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_finetune.py
 	$(PY) benchmarks/bench_fsdp.py
 
 clean:
