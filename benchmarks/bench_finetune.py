@@ -20,7 +20,8 @@ fused AdamW that ``transformers.Trainer`` uses by default (``adamw_torch_fused``
 
 Rows: jaxckpt flash attention ("blockwise") with remat ``full`` and with its fastest preset
 (``--fast-remat``, default ``minimal``: the fastest of none / full / dots / save_attn /
-save_qkv / minimal in a sweep at this config, within 5% of each other); transformers + torch
+save_qkv / minimal in a one-thread sweep at this config; they all lie within 5% of each other,
+so the two jaxckpt rows can swap places between runs); transformers + torch
 eager (SDPA) with and without gradient checkpointing (``activation_checkpointing_enable``,
 every layer, non-reentrant). Steps are interleaved round-robin (the order rotated each
 round); ratios are of medians against torch + gradient checkpointing. Threads:
