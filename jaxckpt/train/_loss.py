@@ -151,18 +151,21 @@ def chunked_loss_sum(model: nnx.Module, x: jax.Array, targets, weights, chunks: 
         return jax.lax.scan(body, jnp.zeros((), jnp.float32), pieces(x, targets, weights))[0]
 
     def forward(head, other, rest, x, targets, weights):
-        def body(carry, c):
-            total, grads = carry
+        def grads_of(c):
             xc, tc, wc = c
             loss, vjp = jax.vjp(lambda h, xc: chunk_loss(h, other, rest, xc, tc, wc), head, xc)
             g_head, g_x = vjp(jnp.ones((), jnp.float32))
-            grads = [acc + g.astype(jnp.float32) for acc, g in zip(grads, g_head, strict=True)]
-            return (total + loss, grads), g_x
+            return loss, [g.astype(jnp.float32) for g in g_head], g_x
 
-        zeros = [jnp.zeros(leaf.shape, jnp.float32) for leaf in head]
-        (total, g_head), g_x = jax.lax.scan(
-            body, (jnp.zeros((), jnp.float32), zeros), pieces(x, targets, weights)
-        )
+        def body(carry, c):
+            total, acc = carry
+            loss, g_head, g_x = grads_of(c)
+            return (total + loss, [a + g for a, g in zip(acc, g_head, strict=True)]), g_x
+
+        xs = pieces(x, targets, weights)
+        first = grads_of(jax.tree.map(lambda a: a[0], xs))  # starts the sums: no zero-filled pass
+        (total, g_head), g_x = jax.lax.scan(body, first[:2], jax.tree.map(lambda a: a[1:], xs))
+        g_x = jnp.concatenate([first[2][None], g_x])
         g_x = jnp.moveaxis(g_x, 0, 1).reshape(b, chunks * size, d)[:, :t]
         return total, (g_head, g_x)
 
