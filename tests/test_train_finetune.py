@@ -93,3 +93,10 @@ def test_cli_train_json_and_eval(files, tmp_path, capsys):
         main(["eval", str(tmp_path / "ckpt"), "--data", str(tmp_path / "bad.jsonl"), "--seq", "24"])
     assert exit_.value.code == 2
     assert "bad.jsonl:2: " in capsys.readouterr().err
+
+
+def test_the_metadata_keeps_the_data_states_of_the_kept_checkpoints_only(files, tmp_path):
+    common = dict(batch=2, seq=24, data=files["data"], tokenizer=files["tokenizer"], progress=False)
+    train.train(_config(), steps=5, checkpoint_dir=tmp_path, checkpoint_every=1, **common)
+    meta = json.loads((tmp_path / "jaxckpt.json").read_text())
+    assert sorted(meta["data_states"], key=int) == ["3", "4", "5"]  # orbax keeps the newest 3

@@ -10,8 +10,11 @@ from flax import nnx
 
 META = "jaxckpt.json"
 
+MAX_TO_KEEP = 3
+"""How many of a directory's newest checkpoints are kept (older ones are deleted)."""
 
-def _manager(directory: Path, max_to_keep: int | None = 3) -> ocp.CheckpointManager:
+
+def _manager(directory: Path, max_to_keep: int | None = MAX_TO_KEEP) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
     return ocp.CheckpointManager(directory.absolute(), options=options)
 

@@ -12,7 +12,7 @@ from jaxckpt._checks import require_positive_int
 from jaxckpt.data import ByteTokenizer, copy_tokenizer_files, tokenizer_for, tokenizer_name
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
-from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
+from jaxckpt.train._checkpoint import MAX_TO_KEEP, latest_step, read_meta, restore_checkpoint, save_checkpoint
 from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
@@ -87,7 +87,7 @@ def _barrier(name: str) -> None:
 FREE_ON_RESUME = ("remat", "attention")
 """Config fields a resumed run may change: they do not change the numbers."""
 
-RESULTS = ("eval", "data_states", "data_stats", "hf_fields", "tokenizer_files")
+RESULTS = ("eval", "data_states", "data_stats", "hf_fields")
 """``jaxckpt.json`` keys that record what a run did, not how it was set up."""
 
 
@@ -285,6 +285,7 @@ class _Run:
         self.evaluator = evaluator
         self.results = {"eval": [], "data_states": {}, "hf_fields": {}}
         self.sources: list = []
+        self.state = None  # the data stream's state after the latest batch (None: byte windows)
 
     def resume(self, saved: dict, step: int):
         """The data state saved with checkpoint ``step`` (None for byte windows), and the
@@ -300,7 +301,8 @@ class _Run:
                 "packed stream cannot continue exactly where it stopped; train again without resume"
             )
         self.results["data_states"] = {k: v for k, v in states.items() if int(k) <= step}
-        return states[str(step)]
+        self.state = states[str(step)]
+        return self.state
 
     def steps(self, start, steps, state, progress, memory, every, eval_every) -> list[dict]:
         records = []
@@ -317,8 +319,7 @@ class _Run:
                 done = step + 1
                 evaluation = self._evaluate(done) if self._due(done, steps, eval_every) else None
                 update(done, loss, tokens_per_step / seconds, memory_text(memory), evaluation)
-                if state is not None:
-                    self.results["data_states"][str(done)] = state
+                self.state = state
                 if self.directory is not None and every and done % every == 0 and done < steps:
                     self.save(done)
         return records
@@ -337,17 +338,20 @@ class _Run:
 
     def save(self, step: int) -> None:
         """Every process saves its shards (orbax); process 0 writes the metadata (with the
-        data states of the checkpoints kept) and copies the tokenizer files."""
+        data states of the checkpoints kept, the newest ``MAX_TO_KEEP``) and, at the first
+        save, copies the tokenizer files."""
         meta = None
         if is_primary():
-            kept = {str(s) for s in range(step + 1)}
-            states = {k: v for k, v in self.results["data_states"].items() if k in kept}
-            self.results["data_states"] = states
+            if self.state is not None:
+                states = {**self.results["data_states"], str(step): self.state}
+                newest = sorted(states, key=int)[-MAX_TO_KEEP:]
+                self.results["data_states"] = {k: states[k] for k in newest}
             meta = {**self.meta, **self.results, "data_stats": self.feed.stats}
         save_checkpoint(self.directory, step, self.trainer.state, meta)
         if is_primary():
             for source in self.sources:
                 _copy_tokenizer(Path(source), self.directory)
+            self.sources = []  # copied once: they do not change during the run
 
     def data_report(self) -> dict:
         """``{"kind", "tokenizer", **counts}`` of the run's data."""
