@@ -41,23 +41,30 @@ def _check_object(record, where: str) -> dict:
     return record
 
 
-def _read_jsonl(file: Path, start: dict, _per_line: bool) -> Iterator[tuple[dict, str, dict]]:
+def _lines(file: Path, start: dict, *, bom: bool = False) -> Iterator[tuple[bytes, str, dict]]:
+    """The non-blank lines of ``file`` from ``start``'s byte offset: ``(raw line, "file:line",
+    position after it)``; ``bom``: a UTF-8 byte-order mark before the first line is dropped."""
     offset, line = start.get("offset", 0), start.get("line", 0)
     with open(file, "rb") as f:
         f.seek(offset)
         for raw in f:
             offset += len(raw)
             line += 1
-            if not raw.strip():
-                continue
-            where = f"{file}:{line}"
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not JSON ({err.msg})") from None
-            except UnicodeDecodeError as err:
-                raise DataError(f"{where}: not UTF-8 ({err.reason})") from None
-            yield _check_object(record, where), where, {"offset": offset, "line": line}
+            if bom and line == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if raw.strip():
+                yield raw, f"{file}:{line}", {"offset": offset, "line": line}
+
+
+def _read_jsonl(file: Path, start: dict, _per_line: bool) -> Iterator[tuple[dict, str, dict]]:
+    for raw, where, position in _lines(file, start):
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: not JSON ({err.msg})") from None
+        except UnicodeDecodeError as err:
+            raise DataError(f"{where}: not UTF-8 ({err.reason})") from None
+        yield _check_object(record, where), where, position
 
 
 def _decode(raw: bytes, where: str) -> str:
@@ -68,19 +75,8 @@ def _decode(raw: bytes, where: str) -> str:
 
 
 def _read_text_lines(file: Path, start: dict) -> Iterator[tuple[dict, str, dict]]:
-    offset, line = start.get("offset", 0), start.get("line", 0)
-    with open(file, "rb") as f:
-        f.seek(offset)
-        for raw in f:
-            offset += len(raw)
-            line += 1
-            if line == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
-            if not raw.strip():
-                continue
-            where = f"{file}:{line}"
-            text = _decode(raw, where).rstrip("\r\n")
-            yield {"text": text}, where, {"offset": offset, "line": line}
+    for raw, where, position in _lines(file, start, bom=True):
+        yield {"text": _decode(raw, where).rstrip("\r\n")}, where, position
 
 
 def _read_txt(file: Path, start: dict, per_line: bool) -> Iterator[tuple[dict, str, dict]]:
