@@ -43,6 +43,8 @@ class Tag(enum.StrEnum):
     """Hidden activation of the MLP, the input of the down projection ``[B, T, F]``."""
     MLP_DOWN = "mlp_down"
     """Down projection of the MLP ``[B, T, D]``."""
+    LINEAR_OUT = "linear_out"
+    """Every dense projection's matmul output, before its bias (what ``save_dots`` saves)."""
 
 
 PROJECTIONS = frozenset(

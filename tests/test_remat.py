@@ -71,7 +71,7 @@ def none_tags():
 def test_describe_matches_the_spec(name, none_tags):
     spec = PRESETS[name]
     report = remat.describe(rc.model(), (rc.B, rc.T), name)
-    kept = spec.save | spec.offload
+    kept = spec.saved_tags | spec.offload
     # Saved: every kept tag the backward pass needs at all (MLP_DOWN only feeds an add).
     assert (kept & none_tags) <= report.tags
     # Recomputed: nothing tagged outside the spec, except each segment's input.

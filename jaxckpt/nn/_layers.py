@@ -6,6 +6,7 @@ from flax import nnx
 
 from jaxckpt.nn._choices import Norm
 from jaxckpt.nn._config import TransformerConfig
+from jaxckpt.nn._dense import dense_dot_general
 
 EMBED_INIT = jax.nn.initializers.normal(stddev=0.02)
 
@@ -182,7 +183,7 @@ def make_dense(
     cfg: TransformerConfig, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs, axes: tuple[str, str]
 ) -> nnx.Linear:
     """A ``[d_in, d_out]`` projection in the config's dtypes (kernel init normal(0.02)),
-    its axes named ``axes`` (the bias: ``axes[1]``)."""
+    its axes named ``axes`` (the bias: ``axes[1]``); its matmul is ``dense_dot_general``."""
     return nnx.Linear(
         d_in,
         d_out,
@@ -191,5 +192,6 @@ def make_dense(
         param_dtype=cfg.storage_dtype,
         kernel_init=_named(EMBED_INIT, *axes),
         bias_init=_named(jax.nn.initializers.zeros, axes[1]),
+        dot_general=dense_dot_general,
         rngs=rngs,
     )

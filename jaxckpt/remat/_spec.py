@@ -40,7 +40,8 @@ class RematSpec:
             segment's input is kept (the seed's ``checkpoint_ratio`` is ``1/k``).
             Inside a segment, ``save`` and ``offload`` still apply.
         save_dots: also save every matmul output without batch dimensions
-            (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``).
+            (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``), the dense
+            projections' included (``Tag.LINEAR_OUT``).
         enabled: ``False`` means no ``jax.checkpoint`` at all: autodiff keeps whatever
             it needs (the ``none`` preset).
 
@@ -67,6 +68,17 @@ class RematSpec:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"RematSpec.layers_per_checkpoint must be an int >= 1, got {k!r}")
 
+    @property
+    def saved_tags(self) -> frozenset[Tag]:
+        """The tags the policy keeps on device: ``save``, and ``Tag.LINEAR_OUT`` (every dense
+        projection's matmul) under ``save_dots``.
+
+        Example:
+            >>> RematSpec(save_dots=True).saved_tags
+            frozenset({<Tag.LINEAR_OUT: 'linear_out'>})
+        """
+        return self.save | {Tag.LINEAR_OUT} if self.save_dots else self.save
+
     def policy(self) -> Policy:
         """The ``jax.checkpoint`` policy for one remat segment.
 
@@ -81,16 +93,17 @@ class RematSpec:
         cp = jax.checkpoint_policies
         if not self.enabled:
             return cp.everything_saveable
+        saved = self.saved_tags
         if self.offload:
             require_pinned_host()
             names = cp.save_and_offload_only_these_names(
-                names_which_can_be_saved=[str(t) for t in sorted(self.save)],
+                names_which_can_be_saved=[str(t) for t in sorted(saved)],
                 names_which_can_be_offloaded=[str(t) for t in sorted(self.offload)],
                 offload_src=OFFLOAD_SRC,
                 offload_dst=OFFLOAD_DST,
             )
         else:
-            names = cp.save_only_these_names(*(str(t) for t in sorted(self.save)))
+            names = cp.save_only_these_names(*(str(t) for t in sorted(saved)))
         if self.save_dots:
             return cp.save_from_both_policies(cp.dots_with_no_batch_dims_saveable, names)
         return names

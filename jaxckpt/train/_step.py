@@ -72,7 +72,30 @@ class OptimizerConfig:
                 else peak
             )
         adamw = optax.adamw(schedule, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay)
-        return optax.chain(optax.clip_by_global_norm(self.clip_norm), adamw) if self.clip_norm else adamw
+        return optax.chain(clip_by_global_norm(self.clip_norm), adamw) if self.clip_norm else adamw
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` in the form its own TODO names as faster: every
+    gradient times one scalar, ``min(1, max_norm / norm)``. optax's ``select`` between the
+    gradient and its rescaled copy costs a params-sized buffer; on ``bench_finetune``'s
+    100M model (XLA:CPU) this form cut the optimizer update from 263 to 147 ms and the
+    step's temp memory from 756 to 637 MiB. The results differ from optax's in the last bit.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> clipped, _ = clip_by_global_norm(1.0).update({"w": jnp.array([3.0, 4.0])}, None)
+        >>> clipped["w"].tolist()  # norm 5, scaled to 1
+        [0.6000000238418579, 0.800000011920929]
+    """
+
+    def clip(updates, params=None):
+        del params
+        norm = optax.tree.norm(updates)
+        scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates)
+
+    return optax.stateless(clip)
 
 
 def next_token_loss(
