@@ -30,6 +30,26 @@ def add_parser(sub) -> None:
         "--attention", help=f"attention implementation ({', '.join(implementations())}); default: auto"
     )
     p.add_argument("--layers", type=int, help="override the preset's number of layers")
+    p.add_argument("--dtype", choices=nn.DTYPES, help="compute dtype; default: the config's")
+    p.add_argument(
+        "--param-dtype",
+        choices=nn.DTYPES,
+        help="parameter storage dtype; default: the config's (with --lora: bfloat16 for the frozen base)",
+    )
+    lora = p.add_argument_group("LoRA", "train low-rank adapters only; the base is frozen")
+    lora.add_argument("--lora", type=int, metavar="R", help="adapters of rank R on --lora-targets")
+    lora.add_argument("--lora-alpha", type=float, help="the adapters' output scale is alpha / R (default R)")
+    lora.add_argument(
+        "--lora-targets",
+        default="q,k,v,o",
+        help=f"comma-separated projections to adapt, of {','.join(nn.LORA_TARGETS)} (default q,k,v,o)",
+    )
+    lora.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
+    lora.add_argument(
+        "--quantize-base",
+        choices=nn.QUANTIZATIONS,
+        help="store the frozen base quantized (QLoRA), dequantized inside each matmul",
+    )
     p.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
     p.add_argument("--micro-batches", type=int, default=1, help="micro-batches accumulated per step")
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence")
@@ -78,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
         ("remat", args.remat),
         ("attention", args.attention),
         ("budget", args.budget),
+        ("dtype", args.dtype),
+        ("param_dtype", args.param_dtype),
     )
-    overrides = {k: v for k, v in given if v is not None}
+    overrides = {k: v for k, v in given if v is not None} | _lora_overrides(args)
     if args.init_from is not None and args.model is None:
         config = train.source_config(args.init_from, name="init_from").replace(**overrides)
     else:
@@ -137,6 +159,23 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
     return 0
+
+
+def _lora_overrides(args: argparse.Namespace) -> dict:
+    """The config fields of the LoRA flags: none without ``--lora``; with it, the frozen
+    base is stored in bfloat16 unless ``--param-dtype`` says otherwise."""
+    if args.lora is None:
+        for flag, value in (("--lora-alpha", args.lora_alpha), ("--quantize-base", args.quantize_base)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --lora R")
+        return {}
+    lora = nn.LoraConfig(
+        rank=args.lora, alpha=args.lora_alpha, targets=args.lora_targets, dropout=args.lora_dropout
+    )
+    out = {"lora": lora, "quantize_base": args.quantize_base}
+    if args.param_dtype is None:
+        out["param_dtype"] = "bfloat16"
+    return out
 
 
 def add_data_arguments(p) -> None:

@@ -16,9 +16,10 @@ from jaxckpt.nn._attention import Attention
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._build import from_params
 from jaxckpt.nn._choices import GATED, LAYER_KINDS, Activation, LayerKind, Norm, Positions, RopeKind, period
-from jaxckpt.nn._config import FAMILY_DEFAULTS, PRESETS, TransformerConfig
+from jaxckpt.nn._config import DTYPES, FAMILY_DEFAULTS, PRESETS, QUANTIZATIONS, TransformerConfig
 from jaxckpt.nn._kv_cache import KVCache
 from jaxckpt.nn._layers import Embedding, GemmaRMSNorm, LayerNorm, RMSNorm, logical_axes
+from jaxckpt.nn._lora import HF_MODULES, LORA_TARGETS, LoraConfig, LoraLinear, trainable
 from jaxckpt.nn._mlp import MLP
 from jaxckpt.nn._rope import apply_rope, rope_tables
 from jaxckpt.nn._rope_scaling import RopeScaling, inv_frequencies
@@ -26,11 +27,15 @@ from jaxckpt.nn._stack import run_blocks, segment_sizes
 from jaxckpt.nn._transformer import Transformer
 
 __all__ = [
+    "DTYPES",
     "FAMILY_DEFAULTS",
     "GATED",
+    "HF_MODULES",
     "LAYER_KINDS",
+    "LORA_TARGETS",
     "MLP",
     "PRESETS",
+    "QUANTIZATIONS",
     "Activation",
     "Attention",
     "Block",
@@ -39,6 +44,8 @@ __all__ = [
     "KVCache",
     "LayerKind",
     "LayerNorm",
+    "LoraConfig",
+    "LoraLinear",
     "Norm",
     "Positions",
     "RMSNorm",
@@ -56,4 +63,5 @@ __all__ = [
     "rope_tables",
     "run_blocks",
     "segment_sizes",
+    "trainable",
 ]

@@ -13,6 +13,7 @@ from jaxckpt.nn._choices import LayerKind, Positions, RopeKind
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._kv_cache import LayerCache
 from jaxckpt.nn._layers import make_dense, make_norm
+from jaxckpt.nn._lora import project
 from jaxckpt.nn._rope import apply_rope, rope_tables
 from jaxckpt.remat import Tag
 
@@ -42,11 +43,11 @@ class Attention(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         n, k, h, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         bias = cfg.attention_bias
-        self.q_proj = make_dense(cfg, d, n * h, bias=bias, rngs=rngs, axes=("embed", "heads"))
-        self.k_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"))
-        self.v_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"))
+        self.q_proj = make_dense(cfg, d, n * h, bias=bias, rngs=rngs, axes=("embed", "heads"), target="q")
+        self.k_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"), target="k")
+        self.v_proj = make_dense(cfg, d, k * h, bias=bias, rngs=rngs, axes=("embed", "kv_heads"), target="v")
         self.out_proj = make_dense(
-            cfg, n * h, d, bias=cfg.attention_out_bias, rngs=rngs, axes=("heads", "embed")
+            cfg, n * h, d, bias=cfg.attention_out_bias, rngs=rngs, axes=("heads", "embed"), target="o"
         )
         self.q_norm = make_norm(cfg, "head_dim") if cfg.qk_norm else None
         self.k_norm = make_norm(cfg, "head_dim") if cfg.qk_norm else None
@@ -111,14 +112,18 @@ class Attention(nnx.Module):
             implementation=cfg.attention,
         )
 
-    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def _project(self, x: jax.Array, dropout_key=None) -> tuple[jax.Array, jax.Array, jax.Array]:
         """q ``[B, T, N, H]``, k and v ``[B, T, K, H]``, tagged, q/k-normed when configured."""
         b, t, _ = x.shape
         n, k, h = self.heads
         heads = ("batch", "seq", "heads", "head_dim")
-        q = checkpoint_name(constrain(self.q_proj(x).reshape(b, t, n, h), *heads), Tag.Q_PROJ)
-        key = checkpoint_name(constrain(self.k_proj(x).reshape(b, t, k, h), *heads), Tag.K_PROJ)
-        value = checkpoint_name(constrain(self.v_proj(x).reshape(b, t, k, h), *heads), Tag.V_PROJ)
+        q, key, value = (
+            project(layer, x, dropout_key, salt)
+            for salt, layer in enumerate((self.q_proj, self.k_proj, self.v_proj))
+        )
+        q = checkpoint_name(constrain(q.reshape(b, t, n, h), *heads), Tag.Q_PROJ)
+        key = checkpoint_name(constrain(key.reshape(b, t, k, h), *heads), Tag.K_PROJ)
+        value = checkpoint_name(constrain(value.reshape(b, t, k, h), *heads), Tag.V_PROJ)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
         return q, key, value
@@ -132,6 +137,7 @@ class Attention(nnx.Module):
         positions: "jax.Array | None" = None,
         segment_ids: "jax.Array | None" = None,
         cache: "LayerCache | None" = None,
+        dropout_key: "jax.Array | None" = None,
     ):
         """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static), or of the kind
         ``kind[index]`` when ``kind`` is a tuple and ``index`` a (traced) int: the RoPE
@@ -147,11 +153,12 @@ class Attention(nnx.Module):
             cache: this layer's ``LayerCache``: the new keys and values are written at
                 ``cache.start`` and the queries attend to every cached key before them
                 (decoding). The call then returns ``(out, new_cache)``.
+            dropout_key: a key for the LoRA adapters' dropout (training); None: no dropout.
         """
         kinds = kind if isinstance(kind, tuple) else (kind,)
         b, t, _ = x.shape
         n, _, h = self.heads
-        q, key, value = self._project(x)
+        q, key, value = self._project(x, dropout_key)
         if positions is None:
             positions = jnp.arange(t) if cache is None else cache.start + jnp.arange(t)
         tables = self._tables(positions, kinds, index)
@@ -166,7 +173,7 @@ class Attention(nnx.Module):
             cache = cache.write(key, value)
             mask = cache.mask(t, windows, index, causal=self.config.causal)
             out = self._attend(q, cache.key, cache.value, None, mask=mask)
-            return checkpoint_name(self.out_proj(out.reshape(b, t, n * h)), Tag.OUT_PROJ), cache
+            return checkpoint_name(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ), cache
         distinct = list(dict.fromkeys(windows))
         if len(distinct) == 1:
             out = self._attend(q, key, value, distinct[0], segment_ids)
@@ -174,4 +181,7 @@ class Attention(nnx.Module):
             which = jnp.asarray([distinct.index(w) for w in windows])[index]
             branches = [lambda q, k, v, w=w: self._attend(q, k, v, w, segment_ids) for w in distinct]
             out = jax.lax.switch(which, branches, q, key, value)
-        return checkpoint_name(self.out_proj(out.reshape(b, t, n * h)), Tag.OUT_PROJ)
+        return checkpoint_name(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ)
+
+    def _out(self, out: jax.Array, dropout_key) -> jax.Array:
+        return project(self.out_proj, out, dropout_key, 3)

@@ -49,11 +49,14 @@ class Block(nnx.Module):
         positions: "jax.Array | None" = None,
         segment_ids: "jax.Array | None" = None,
         cache: "LayerCache | None" = None,
+        dropout_key: "jax.Array | None" = None,
     ):
         """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static; see ``LayerKind``), or
         of ``kind[index]`` for a tuple of kinds and a traced index (see ``Attention``, which
         also takes ``positions``, ``segment_ids`` and ``cache``; with a cache the call
-        returns ``(x, new_cache)``)."""
+        returns ``(x, new_cache)``). ``dropout_key``: the layer's key for its LoRA adapters'
+        dropout (training); None: none."""
+        attn_key, mlp_key = (None, None) if dropout_key is None else jax.random.split(dropout_key)
         x = checkpoint_name(constrain(x, *ACTIVATION), Tag.LAYER_INPUT)
         h = self.attn(
             checkpoint_name(self.attn_norm(x), Tag.NORM_OUT),
@@ -62,13 +65,14 @@ class Block(nnx.Module):
             positions=positions,
             segment_ids=segment_ids,
             cache=cache,
+            dropout_key=attn_key,
         )
         if cache is not None:
             h, cache = h
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = constrain(x + h, *ACTIVATION)
-        h = self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT))
+        h = self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT), dropout_key=mlp_key)
         if self.mlp_post_norm is not None:
             h = self.mlp_post_norm(h)
         x = constrain(x + h, *ACTIVATION)

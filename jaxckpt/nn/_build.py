@@ -6,7 +6,9 @@ from flax import nnx
 from jaxckpt.nn._config import TransformerConfig
 
 
-def from_params(cls: type[nnx.Module], config: TransformerConfig, params: dict) -> nnx.Module:
+def from_params(
+    cls: type[nnx.Module], config: TransformerConfig, params: dict, *, seed: int = 0
+) -> nnx.Module:
     """``cls(config)`` holding ``params`` instead of a random initialisation.
 
     The module is built abstractly (``nnx.eval_shape``), so no parameter is allocated
@@ -16,7 +18,10 @@ def from_params(cls: type[nnx.Module], config: TransformerConfig, params: dict) 
         cls: ``Transformer`` or ``Block``.
         config: its config.
         params: the nested dict of its ``nnx.Param`` state (``nnx.to_pure_dict``), numpy
-            or JAX arrays.
+            or JAX arrays. With ``config.lora``, a base's dict without the adapters is
+            taken too: the adapters are then initialised from ``seed`` (``b`` at zero, so
+            the model computes what the base does).
+        seed: the adapters' initialisation, when ``params`` has none.
 
     Example:
         >>> import numpy as np
@@ -28,5 +33,23 @@ def from_params(cls: type[nnx.Module], config: TransformerConfig, params: dict) 
         0.0
     """
     graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
+    if config.lora is not None and not _has_adapters(params):
+        params = _merged(params, _initial_adapters(cls, config, seed))
     nnx.replace_by_pure_dict(state, jax.tree.map(jax.device_put, params))
     return nnx.merge(graphdef, state)
+
+
+def _has_adapters(params: dict) -> bool:
+    return any(isinstance(v, dict) and ("lora" in v or _has_adapters(v)) for v in params.values())
+
+
+def _initial_adapters(cls: type[nnx.Module], config: TransformerConfig, seed: int) -> dict:
+    """The adapters' initial values alone (compiled: XLA drops the base's initialisation)."""
+    return jax.jit(lambda: nnx.to_pure_dict(nnx.state(cls(config, rngs=nnx.Rngs(seed)), nnx.LoRAParam)))()
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxckpt._checks import require_positive_int
 from jaxckpt._sizes import parse_size
 from jaxckpt.nn._choices import LAYER_KINDS, Activation, LayerKind, Norm, Positions
+from jaxckpt.nn._lora import LoraConfig
 from jaxckpt.nn._presets import PRESET_FIELDS
 from jaxckpt.nn._rope_scaling import RopeScaling
 from jaxckpt.remat import AUTO, RematSpec
@@ -31,6 +32,8 @@ activation and position scheme it uses unless overridden. Everything else a fami
 needs (q/k norm, soft caps, the layer pattern...) is a field of its own."""
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("nf4", "int8")
+"""``quantize_base`` choices: 4-bit NormalFloat (QLoRA's) and 8-bit integers, per-block scales."""
 _DERIVED = ("n_kv_heads", "head_dim", "norm", "activation", "positions", "attention_out_bias")
 _ENUMS = {"norm": Norm, "activation": Activation, "positions": Positions}
 
@@ -78,6 +81,11 @@ class TransformerConfig:
         attention_scale: the scale of ``q.k``; None: ``head_dim ** -0.5``.
         attention_softcap: ``cap * tanh(logits / cap)`` on the attention logits (Gemma 2).
         logits_softcap: the same on the output logits (Gemma 2).
+        lora: a ``LoraConfig`` (or its dict, or a rank): adapters on its target
+            projections, and only they train; None: every parameter trains.
+        quantize_base: ``"nf4"`` or ``"int8"``: the frozen base's projection kernels are
+            stored quantized, with per-block scales (QLoRA; needs ``lora``); None: stored
+            in ``param_dtype``.
 
     Example:
         >>> from jaxckpt.nn import TransformerConfig
@@ -121,6 +129,8 @@ class TransformerConfig:
     attention_scale: float | None = None
     attention_softcap: float | None = None
     logits_softcap: float | None = None
+    lora: LoraConfig | dict | int | None = None
+    quantize_base: str | None = None
     _derived: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
     """The fields given as None and filled in here; ``replace`` derives them afresh."""
 
@@ -153,6 +163,14 @@ class TransformerConfig:
             )
         self._check_positions()
         self._check_attention()
+        object.__setattr__(self, "lora", LoraConfig.of(self.lora))
+        if self.quantize_base is not None:
+            _choice("quantize_base", self.quantize_base, QUANTIZATIONS)
+            if self.lora is None:
+                raise ValueError(
+                    f"TransformerConfig: quantize_base={self.quantize_base!r} freezes a quantized base, "
+                    "which needs LoRA adapters to train: set lora"
+                )
         _choice("dtype", self.dtype, DTYPES)
         _choice("param_dtype", self.param_dtype, DTYPES)
         if not self.norm_eps > 0:
@@ -243,6 +261,8 @@ class TransformerConfig:
         if self.rope_scaling is not None:
             out["rope_scaling"] = self.rope_scaling.to_dict()
         out["layer_pattern"] = list(self.layer_pattern)
+        if self.lora is not None:
+            out["lora"] = self.lora.to_dict()
         return out
 
     @classmethod

@@ -7,6 +7,7 @@ from flax import nnx
 from jaxckpt.nn._choices import Norm
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._dense import dense_dot_general
+from jaxckpt.nn._lora import LORA_RANK, LoraLinear
 
 EMBED_INIT = jax.nn.initializers.normal(stddev=0.02)
 
@@ -180,13 +181,19 @@ def make_norm(cfg: TransformerConfig, axis: str = "embed") -> RMSNorm | LayerNor
 
 
 def make_dense(
-    cfg: TransformerConfig, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs, axes: tuple[str, str]
+    cfg: TransformerConfig,
+    d_in: int,
+    d_out: int,
+    *,
+    bias: bool,
+    rngs: nnx.Rngs,
+    axes: tuple[str, str],
+    target: str | None = None,
 ) -> nnx.Linear:
     """A ``[d_in, d_out]`` projection in the config's dtypes (kernel init normal(0.02)),
-    its axes named ``axes`` (the bias: ``axes[1]``); its matmul is ``dense_dot_general``."""
-    return nnx.Linear(
-        d_in,
-        d_out,
+    its axes named ``axes`` (the bias: ``axes[1]``); its matmul is ``dense_dot_general``.
+    A ``LoraLinear`` when ``target`` (a ``LORA_TARGETS`` name) is one of ``cfg.lora``'s."""
+    linear = dict(
         use_bias=bias,
         dtype=cfg.compute_dtype,
         param_dtype=cfg.storage_dtype,
@@ -194,4 +201,14 @@ def make_dense(
         bias_init=_named(jax.nn.initializers.zeros, axes[1]),
         dot_general=dense_dot_general,
         rngs=rngs,
+    )
+    if cfg.lora is None or target not in cfg.lora.targets:
+        return nnx.Linear(d_in, d_out, **linear)
+    return LoraLinear(
+        d_in,
+        d_out,
+        lora=cfg.lora,
+        a_metadata={LOGICAL_AXES: (axes[0], LORA_RANK)},
+        b_metadata={LOGICAL_AXES: (LORA_RANK, axes[1])},
+        **linear,
     )

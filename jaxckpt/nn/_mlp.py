@@ -8,6 +8,7 @@ from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._choices import GATED, Activation
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._layers import make_dense
+from jaxckpt.nn._lora import project
 from jaxckpt.remat import Tag
 
 ACTIVATIONS = {
@@ -34,19 +35,25 @@ class MLP(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.gated = cfg.activation in GATED
         d, f, bias = cfg.d_model, cfg.ffn_dim, cfg.mlp_bias
-        self.gate = make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp")) if self.gated else None
-        self.up = make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp"))
-        self.down = make_dense(cfg, f, d, bias=bias, rngs=rngs, axes=("mlp", "embed"))
+        self.gate = (
+            make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp"), target="gate")
+            if self.gated
+            else None
+        )
+        self.up = make_dense(cfg, d, f, bias=bias, rngs=rngs, axes=("embed", "mlp"), target="up")
+        self.down = make_dense(cfg, f, d, bias=bias, rngs=rngs, axes=("mlp", "embed"), target="down")
         self.activation = cfg.activation
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """``[B, T, D] -> [B, T, D]``."""
+    def __call__(self, x: jax.Array, *, dropout_key: "jax.Array | None" = None) -> jax.Array:
+        """``[B, T, D] -> [B, T, D]``; ``dropout_key``: for the LoRA adapters' dropout (training)."""
         hidden_axes = ("batch", "seq", "mlp")
-        up = checkpoint_name(constrain(self.up(x), *hidden_axes), Tag.MLP_UP)
+        up = checkpoint_name(constrain(project(self.up, x, dropout_key, 0), *hidden_axes), Tag.MLP_UP)
         if self.gated:
-            gate = checkpoint_name(constrain(self.gate(x), *hidden_axes), Tag.MLP_GATE)
+            gate = checkpoint_name(
+                constrain(project(self.gate, x, dropout_key, 1), *hidden_axes), Tag.MLP_GATE
+            )
             hidden = ACTIVATIONS[self.activation](gate) * up
         else:
             hidden = ACTIVATIONS[self.activation](up)
         hidden = checkpoint_name(hidden, Tag.MLP_ACT)
-        return checkpoint_name(self.down(hidden), Tag.MLP_DOWN)
+        return checkpoint_name(project(self.down, hidden, dropout_key, 2), Tag.MLP_DOWN)

@@ -26,9 +26,11 @@ from jaxckpt.nn._choices import LayerKind
 from jaxckpt.nn._kv_cache import KVCache, LayerCache
 from jaxckpt.remat import RematSpec
 
-Segment = Callable[[jax.Array, Block, jax.Array, "dict | None"], jax.Array]
-"""``(x, blocks, kind_indices, context) -> x``; ``context`` holds the arrays every layer
-reads alike (``positions``, ``segment_ids``), or is None."""
+Segment = Callable[[jax.Array, Block, "jax.Array | tuple", "dict | None"], jax.Array]
+"""``(x, blocks, per_layer, context) -> x``. ``per_layer`` is scanned with the blocks: each
+layer's index into the stack's distinct kinds, or ``(kind_index, dropout_key)`` when the
+LoRA adapters' dropout is on; ``context`` holds the arrays every layer reads alike
+(``positions``, ``segment_ids``), or is None."""
 
 
 def distinct_kinds(kinds: "tuple[LayerKind, ...]") -> tuple[tuple[LayerKind, ...], np.ndarray]:
@@ -46,10 +48,16 @@ def distinct_kinds(kinds: "tuple[LayerKind, ...]") -> tuple[tuple[LayerKind, ...
 
 
 def _layer(kinds: tuple[LayerKind, ...]) -> Segment:
-    """One layer: ``(x, block, kind_index, context) -> x``; the index picks among ``kinds``
-    when there are several (``Block.__call__``)."""
+    """One layer: ``(x, block, per_layer, context) -> x``; the kind index picks among
+    ``kinds`` when there are several (``Block.__call__``)."""
     kind = kinds[0] if len(kinds) == 1 else kinds
-    return lambda x, block, index, context: block(x, kind, index, **(context or {}))
+
+    def layer(x, block, per_layer, context):
+        index, key = per_layer if isinstance(per_layer, tuple) else (per_layer, None)
+        extra = {} if key is None else {"dropout_key": key}
+        return block(x, kind, index, **(context or {}), **extra)
+
+    return layer
 
 
 def _scan(segment: Segment) -> Segment:
@@ -148,6 +156,7 @@ def run_blocks(
     n_layers: int,
     kinds: "tuple[LayerKind, ...] | None" = None,
     context: "dict | None" = None,
+    dropout_key: "jax.Array | None" = None,
 ) -> jax.Array:
     """Applies the stacked blocks to ``x`` under ``spec``.
 
@@ -164,6 +173,7 @@ def run_blocks(
         kinds: one ``LayerKind`` per layer (``config.layer_kinds``); default: all full.
         context: keyword arguments every layer gets alike: ``positions`` and
             ``segment_ids`` (``Attention.__call__``); None: none.
+        dropout_key: split into one key per layer for the LoRA adapters' dropout; None: no dropout.
 
     Example:
         >>> import jax.numpy as jnp
@@ -178,6 +188,7 @@ def run_blocks(
     if len(kinds) != n_layers:
         raise ValueError(f"run_blocks: {len(kinds)} layer kinds for n_layers={n_layers}")
     distinct, index = distinct_kinds(kinds)
+    keys = None if dropout_key is None else jax.random.split(dropout_key, n_layers)
     for start, stop, group in stack_segments(spec, n_layers):
         if start == 0:  # the scanned segments (a scan even of one layer)
             lead = (-1,) if group is None else (-1, group)
@@ -185,8 +196,10 @@ def run_blocks(
         else:  # the shorter last segment
             lead = () if stop - start == 1 else (-1,)
             segment = remat_segment(spec, distinct, stop - start)
-        indices = jnp.asarray(index[start:stop].reshape(lead))
-        x = segment(x, _take_layers(blocks, start, stop, lead), indices, context)
+        per_layer = jnp.asarray(index[start:stop].reshape(lead))
+        if keys is not None:
+            per_layer = (per_layer, keys[start:stop].reshape(lead + keys.shape[1:]))
+        x = segment(x, _take_layers(blocks, start, stop, lead), per_layer, context)
     return x
 
 

@@ -153,6 +153,7 @@ class Transformer(nnx.Module):
         positions: "jax.Array | None" = None,
         segment_ids: "jax.Array | None" = None,
         remat: "str | RematSpec | None" = None,
+        dropout_key: "jax.Array | None" = None,
     ) -> jax.Array:
         """The final-normed hidden states ``[B, T, D]`` that ``logits`` maps to the
         vocabulary (``__call__`` is ``logits(features(...))``); see ``__call__`` for the arguments."""
@@ -163,7 +164,13 @@ class Transformer(nnx.Module):
         if positions is None and segment_ids is None:
             context = None
         x = run_blocks(
-            self.blocks, self._embed(tokens, positions), spec, cfg.n_layers, cfg.layer_kinds, context
+            self.blocks,
+            self._embed(tokens, positions),
+            spec,
+            cfg.n_layers,
+            cfg.layer_kinds,
+            context,
+            dropout_key,
         )
         return self.final_norm(x)
 
@@ -184,6 +191,7 @@ class Transformer(nnx.Module):
         segment_ids: "jax.Array | None" = None,
         cache: "KVCache | None" = None,
         remat: "str | RematSpec | None" = None,
+        dropout_key: "jax.Array | None" = None,
     ):
         """Logits ``[B, T, V]`` (compute dtype) for ``tokens [B, T]``.
 
@@ -196,13 +204,17 @@ class Transformer(nnx.Module):
             cache: a ``KVCache`` (``init_cache``): the tokens continue the cached ones
                 (positions from ``cache.start``), and the call returns ``(logits, cache)``.
             remat: overrides ``config.remat`` for this call (no remat with a cache).
+            dropout_key: turns on the LoRA adapters' dropout (``config.lora.dropout``) for
+                this call, one key per layer split from it (training); None: no dropout.
 
         Raises:
             ValueError: for a wrong rank, a non-integer dtype, ``T > max_len``, or
                 positions / segment ids not shaped like ``tokens``.
         """
         if cache is None:
-            x = self.features(tokens, positions=positions, segment_ids=segment_ids, remat=remat)
+            x = self.features(
+                tokens, positions=positions, segment_ids=segment_ids, remat=remat, dropout_key=dropout_key
+            )
             return constrain(self.logits(x), "batch", "seq", "vocab")
         self._check(tokens, positions, segment_ids)
         if segment_ids is not None or positions is not None:

@@ -12,7 +12,7 @@ from flax import nnx
 from rich.progress import Progress
 
 from jaxckpt._checks import require_positive_int
-from jaxckpt.nn import Transformer, TransformerConfig
+from jaxckpt.nn import Transformer, TransformerConfig, trainable
 from jaxckpt.remat import get as get_remat
 from jaxckpt.remat import has_pinned_host
 from jaxckpt.train._data import ByteBatches, load_tokens
@@ -63,7 +63,7 @@ def _grads(graphdef, params, rest, batch, spec):
 
 
 def _initial_grads(trainer: Trainer, batch: jax.Array):
-    graphdef, params, rest = nnx.split(trainer.model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(trainer.model, trainable(trainer.config), ...)
     return _grads(graphdef, params, rest, batch, trainer.spec)
 
 

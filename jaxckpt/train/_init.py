@@ -88,7 +88,8 @@ def source_hf_fields(path: "str | os.PathLike | None") -> dict:
 
 def _check_compatible(source: TransformerConfig, config: TransformerConfig, path: Path) -> None:
     ours, theirs = config.to_dict(), source.to_dict()
-    keys = [k for k in ours if k not in FREE_ON_INIT and ours[k] != theirs.get(k)]
+    free = FREE_ON_INIT | ({"lora"} if source.lora is None else set())  # adapters on a plain base
+    keys = [k for k in ours if k not in free and ours[k] != theirs.get(k)]
     differ = [f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in keys]
     if differ:
         raise ValueError(
@@ -118,7 +119,9 @@ def initial_model(
 
     A trained checkpoint gives its model's parameters (its optimizer state is not
     used); a converted one (``jaxckpt convert``) or a Hugging Face directory gives its
-    parameters, cast to ``config.param_dtype``. No random initialisation is done then.
+    parameters, cast to ``config.param_dtype``. No random initialisation is done then,
+    but for LoRA adapters (``config.lora``) put on a base that has none: those start
+    from ``seed``.
     ``optimizer`` (an ``OptimizerConfig``) shapes the optimizer state a trained
     checkpoint is read into.
 
@@ -145,4 +148,4 @@ def initial_model(
         trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
         _, state = restore_checkpoint(path, trainer.state)
         return nnx.merge(trainer.graphdef, state)[0]
-    return from_params(Transformer, config, params)
+    return from_params(Transformer, config, params, seed=seed)

@@ -212,7 +212,9 @@ def train(
     _check_vocab(tok, config)
     feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
     mesh = resolve_mesh(mesh)
-    trainer = Trainer(initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh)
+    trainer = Trainer(
+        initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh, seed=seed
+    )
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(feed.first))
     _prepare_checkpoint_dir(directory, resume, force)

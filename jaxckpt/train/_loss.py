@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax.extend.core import Var
 
+from jaxckpt.nn import trainable
 from jaxckpt.remat import RematSpec
 
 PACKED_FIELDS = ("inputs", "targets", "weights", "segment_ids", "positions")
@@ -37,7 +38,9 @@ def is_packed(batch) -> bool:
     return all(hasattr(batch, name) for name in PACKED_FIELDS)
 
 
-def weighted_loss_sum(model: nnx.Module, batch, remat: "str | RematSpec | None" = None) -> jax.Array:
+def weighted_loss_sum(
+    model: nnx.Module, batch, remat: "str | RematSpec | None" = None, dropout_key: "jax.Array | None" = None
+) -> jax.Array:
     """``sum(weights * cross_entropy(model(inputs), targets))`` over one packed micro-batch
     (fields ``[B, T]``), in fp32. Attention stays inside each document (``segment_ids``)
     and positions restart in each (``positions``), so a packed row's sum equals the sum
@@ -56,7 +59,13 @@ def weighted_loss_sum(model: nnx.Module, batch, remat: "str | RematSpec | None" 
         >>> float(weighted_loss_sum(model, row))  # no weight, no loss
         0.0
     """
-    x = model.features(batch.inputs, positions=batch.positions, segment_ids=batch.segment_ids, remat=remat)
+    x = model.features(
+        batch.inputs,
+        positions=batch.positions,
+        segment_ids=batch.segment_ids,
+        remat=remat,
+        dropout_key=dropout_key,
+    )
     vocab = jax.eval_shape(model.logits, x[:, :1]).shape[-1]
     chunks = chunk_count(*batch.targets.shape, vocab)
     if chunks > 1:
@@ -120,7 +129,7 @@ def chunked_loss_sum(model: nnx.Module, x: jax.Array, targets, weights, chunks: 
     b, t, d = x.shape
     size = math.ceil(t / chunks)
     pad = chunks * size - t
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, trainable(model.config), ...)  # a frozen head: no gradient
     leaves, treedef = jax.tree.flatten(params)
 
     def logits_of(leaves, rest, xc):

@@ -33,6 +33,7 @@ LOGICAL_AXIS_RULES = {
     "kv_heads": "fsdp",
     "mlp": "fsdp",
     "head_dim": None,  # the q/k norms' scales: a few hundred numbers, kept whole
+    "lora_rank": None,  # an adapter's rank axis: small; its other axis is split
     "layers": None,
     None: "fsdp",  # an axis without a name (a leaf the modules did not create)
 }

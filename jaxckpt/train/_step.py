@@ -9,7 +9,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxckpt.nn import activation_sharding
+from jaxckpt.nn import activation_sharding, trainable
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._distributed import put_global
@@ -99,7 +99,10 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 
 
 def next_token_loss(
-    model: nnx.Module, tokens: jax.Array, remat: "str | RematSpec | None" = None
+    model: nnx.Module,
+    tokens: jax.Array,
+    remat: "str | RematSpec | None" = None,
+    dropout_key: "jax.Array | None" = None,
 ) -> jax.Array:
     """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``tokens[:, :-1]`` (fp32).
 
@@ -107,6 +110,7 @@ def next_token_loss(
         model: a ``jaxckpt.nn.Transformer``.
         tokens: ``[B, T + 1]`` integer ids.
         remat: overrides the model's remat spec.
+        dropout_key: turns on the LoRA adapters' dropout (``Transformer.__call__``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -116,19 +120,27 @@ def next_token_loss(
         >>> float(train.next_token_loss(model, jnp.zeros((2, 9), jnp.int32))) > 0
         True
     """
-    logits = model(tokens[:, :-1], remat=remat).astype(jnp.float32)
+    logits = model(tokens[:, :-1], remat=remat, dropout_key=dropout_key).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
 def loss_and_grads(
-    graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State, batch: jax.Array, spec: RematSpec
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    rest: nnx.State,
+    batch: jax.Array,
+    spec: RematSpec,
+    dropout_key: "jax.Array | None" = None,
 ):
     """Mean loss and gradient over micro-batches ``batch [M, B, T + 1]``, or over a packed
     batch (``jaxckpt.data.PackedBatch``, fields ``[M, B, T]``): the mean over its weighted
     targets, each document attended to alone.
 
     With ``M > 1`` the micro-batches are a ``lax.scan`` that accumulates fp32-param
-    gradients, so only one micro-batch's activations are live at a time.
+    gradients, so only one micro-batch's activations are live at a time. ``params`` are
+    the trainable variables (``nn.trainable``), ``rest`` the others (a LoRA model's frozen
+    base among them). ``dropout_key`` turns on the LoRA adapters' dropout, a key per
+    micro-batch folded from it.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -146,45 +158,62 @@ def loss_and_grads(
         # The step's loss is the mean over every weighted target of every micro-batch.
         total = jnp.maximum(jnp.sum(batch.weights.astype(jnp.float32)), 1.0)
 
-        def one(params, micro):
-            return weighted_loss_sum(nnx.merge(graphdef, params, rest), micro, spec) / total
+        def one(params, micro, key):
+            return weighted_loss_sum(nnx.merge(graphdef, params, rest), micro, spec, key) / total
 
         m, scale = batch.inputs.shape[0], 1
     else:
 
-        def one(params, tokens):
-            return next_token_loss(nnx.merge(graphdef, params, rest), tokens, spec)
+        def one(params, tokens, key):
+            return next_token_loss(nnx.merge(graphdef, params, rest), tokens, spec, key)
 
         m = scale = batch.shape[0]
     grad_fn = jax.value_and_grad(one)
-    if m == 1:
-        return grad_fn(params, jax.tree.map(lambda a: a[0], batch))
 
-    def accumulate(carry, micro):
-        loss, grads = grad_fn(params, micro)
+    def key_of(i):
+        return None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+
+    if m == 1:
+        return grad_fn(params, jax.tree.map(lambda a: a[0], batch), key_of(0))
+
+    def accumulate(carry, micro_and_index):
+        micro, i = micro_and_index
+        loss, grads = grad_fn(params, micro, key_of(i))
         return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
     zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), _ = jax.lax.scan(accumulate, zeros, batch)
+    (loss, grads), _ = jax.lax.scan(accumulate, zeros, (batch, jnp.arange(m)))
     if scale == 1:
         return loss, grads
     return loss / scale, jax.tree.map(lambda g: g / scale, grads)
 
 
-def _train_step(graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, spec: RematSpec, mesh=None):
+def _dropout_key(model, optimizer, seed: int) -> "jax.Array | None":
+    """The step's key for the LoRA adapters' dropout (the seed folded with the step count),
+    or None when the model has no dropout."""
+    lora = model.config.lora
+    if lora is None or lora.dropout == 0:
+        return None
+    return jax.random.fold_in(jax.random.key(seed), optimizer.step[...])
+
+
+def _train_step(
+    graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, spec: RematSpec, mesh=None, seed: int = 0
+):
     model, optimizer = nnx.merge(graphdef, state)
-    model_def, params, rest = nnx.split(model, nnx.Param, ...)
+    model_def, params, rest = nnx.split(model, trainable(model.config), ...)
+    key = _dropout_key(model, optimizer, seed)
     if mesh is None:
-        loss, grads = loss_and_grads(model_def, params, rest, batch, spec)
+        loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key)
     else:  # activations split over the batch, as the tokens are
         with activation_sharding(mesh, ACTIVATION_RULES):
-            loss, grads = loss_and_grads(model_def, params, rest, batch, spec)
+            loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key)
     with jax.numpy_dtype_promotion("standard"):  # optax mixes float and int32 (decay**count)
         optimizer.update(model, grads)
     return nnx.state((model, optimizer)), loss
 
 
-def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh=None):
+def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh=None, seed: int = 0):
     """The jitted step ``(state, batch [M, B, T + 1]) -> (state, loss)`` with ``state``
     donated; ``state`` is ``nnx.split((model, nnx.Optimizer))[1]``, real or abstract.
 
@@ -202,7 +231,7 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
         >>> bool(loss > 0)
         True
     """
-    step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh)
+    step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh, seed=seed)
     if mesh is None:
         return jax.jit(step, donate_argnums=0)
     return jax.jit(
@@ -268,6 +297,10 @@ class Trainer:
             over both. None: one device. In a multi-process run (``train.initialize``) the
             mesh spans every process's devices, and every process must build the same
             model and pass the same global batches; each places only its own shards.
+        seed: the LoRA adapters' dropout draws from it (with the step count).
+
+    A model with LoRA adapters (``config.lora``) trains them alone: the optimizer is over
+    ``nnx.LoRAParam`` (``nn.trainable``), and the base gets no gradient and no state.
 
     Example:
         >>> import jax.numpy as jnp
@@ -280,16 +313,25 @@ class Trainer:
         True
     """
 
-    def __init__(self, model: nnx.Module, *, optimizer: OptimizerConfig | None = None, remat=None, mesh=None):
+    def __init__(
+        self,
+        model: nnx.Module,
+        *,
+        optimizer: OptimizerConfig | None = None,
+        remat=None,
+        mesh=None,
+        seed: int = 0,
+    ):
         self.config = model.config
         self.spec = get_remat(model.config.remat if remat is None else remat)
-        opt = nnx.Optimizer(model, (optimizer or OptimizerConfig()).transformation(), wrt=nnx.Param)
+        tx = (optimizer or OptimizerConfig()).transformation()
+        opt = nnx.Optimizer(model, tx, wrt=trainable(model.config))
         self.graphdef, self.state = nnx.split((model, opt))
         self.mesh, shardings = mesh, None
         if mesh is not None:
             shardings = state_shardings(self.state, mesh)
             self.state = put_global(self.state, shardings)
-        self._step = jit_train_step(self.graphdef, self.spec, shardings, mesh)
+        self._step = jit_train_step(self.graphdef, self.spec, shardings, mesh, seed)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
     def step(self, batch) -> jax.Array:
