@@ -4,6 +4,7 @@ or converted by ``jaxckpt convert``), or a Hugging Face directory through torch_
 import os
 from pathlib import Path
 
+import jax
 from flax import nnx
 
 from jaxckpt._plugins import MODEL_SOURCES, plugin
@@ -138,7 +139,13 @@ def initial_model(
     if init_from is None:
         return Transformer(config, rngs=nnx.Rngs(seed))
     path = Path(init_from)
-    _check_compatible(source_config(path, name="init_from"), config, path)
+    source = source_config(path, name="init_from")
+    _check_compatible(source, config, path)
+    if config.lora is not None and source.lora is None:  # adapters on a plain base
+        base = initial_model(config.replace(lora=None, quantize_base=None), seed, path, optimizer)
+        params = nnx.to_pure_dict(nnx.state(base, nnx.Param))
+        params = jax.tree.map(lambda a: a.astype(config.storage_dtype), params)
+        return from_params(Transformer, config, params, seed=seed)
     if is_hf_dir(path):
         params = _hf_reader(path, "init_from").params(path, config)
     elif read_meta(path).get("kind") == PARAMS_KIND:
@@ -148,4 +155,4 @@ def initial_model(
         trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
         _, state = restore_checkpoint(path, trainer.state)
         return nnx.merge(trainer.graphdef, state)[0]
-    return from_params(Transformer, config, params, seed=seed)
+    return from_params(Transformer, config, params)
