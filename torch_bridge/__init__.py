@@ -20,6 +20,7 @@ from torch_bridge._archs import ARCHITECTURES, Architecture, architecture, archi
 from torch_bridge._call_torch import call_torch
 from torch_bridge._convert import ConversionReport, convert_state_dict, export_state_dict
 from torch_bridge._dlpack import to_jax, to_torch
+from torch_bridge._merge import merge_lora
 from torch_bridge._models import (
     Converted,
     config_from_hf,
@@ -30,6 +31,8 @@ from torch_bridge._models import (
     save_seed_block,
     write_hf,
 )
+from torch_bridge._peft import save_peft_adapter, write_peft_adapter
+from torch_bridge._peft_load import load_peft_adapter, peft_lora_config, read_peft_adapter
 from torch_bridge._sources import TensorSource, open_tensors
 from torch_bridge._table import Rule, Table
 
@@ -48,13 +51,19 @@ __all__ = [
     "convert_state_dict",
     "export_state_dict",
     "load_hf",
+    "load_peft_adapter",
     "load_seed_block",
+    "merge_lora",
     "open_tensors",
+    "peft_lora_config",
     "read_checkpoint",
+    "read_peft_adapter",
     "save_hf",
+    "save_peft_adapter",
     "save_seed_block",
     "seed_block_config",
     "to_jax",
     "to_torch",
     "write_hf",
+    "write_peft_adapter",
 ]

@@ -23,7 +23,10 @@ from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpoint, save_checkpoint
 from torch_bridge._archs import ARCHITECTURES, architecture
 from torch_bridge._convert import export_order, export_state_dict, flatten, listing, model_class, unflatten
+from torch_bridge._merge import lora_paths, merge_lora
 from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of
+from torch_bridge._peft import adapter_tensors, write_peft_adapter
+from torch_bridge._peft_load import peft_lora_config, read_peft_adapter
 from torch_bridge._save import write_hf
 from torch_bridge._sources import find_config, open_tensors
 from torch_bridge._verify import verify
@@ -31,7 +34,7 @@ from torch_bridge._writers import atomic_output, write_torch_file
 
 SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
 REPORTED = ("ignored", "dtype_changes", "notes", "missing", "unknown_fields", "verified_max_abs_diff")
-REPORTED += ("verify_tolerance",)
+REPORTED += ("verify_tolerance", "target_modules")
 """The ``ConversionReport`` entries the summary shows (when set)."""
 
 NO_TOKENIZER = {
@@ -41,10 +44,13 @@ NO_TOKENIZER = {
 """The line the summary prints (``tokenizer_note``) when SRC holds no tokenizer files, per direction."""
 
 FLAGS = {
+    "adapter_only": "--adapter-only",
     "allow_missing": "--allow-missing",
     "arch": "--arch",
+    "base_model_name_or_path": "--base-model",
     "config": "--config",
     "dtype": "--dtype",
+    "lora_from": "--lora-from",
     "max_shard_size": "--max-shard-size",
     "num_heads": "--num-heads",
     "strict": "--strict",
@@ -93,6 +99,19 @@ def add_parser(sub) -> None:
         help="run the transformers model (of SRC, or of DST with --to torch) and the jaxckpt one on a "
         "short input; fail unless their logits agree within the dtype's tolerance (needs transformers)",
     )
+    p.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="--to torch of a LoRA checkpoint: write its adapters alone, in the PEFT format "
+        "(adapter_model.safetensors + adapter_config.json); default: the adapters merged into the base",
+    )
+    p.add_argument("--base-model", help="--adapter-only: base_model_name_or_path for adapter_config.json")
+    p.add_argument(
+        "--lora-from",
+        metavar="ADAPTER_DIR",
+        help="--to jax: put the PEFT LoRA adapter in ADAPTER_DIR on the base SRC; DST then trains it "
+        "further (jaxckpt train --init-from DST)",
+    )
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
     p.set_defaults(run=run, flags=FLAGS)
@@ -139,6 +158,8 @@ def to_jax(args: argparse.Namespace) -> dict:
         options = dict(config=config, arch=arch, dtype=dtype, allow_missing=args.allow_missing)
         options |= dict(strict=args.strict, verify=args.verify)
         converted = read_checkpoint(src, **options, on_tensor=tick)
+        if args.lora_from is not None:
+            _add_adapter(converted, Path(args.lora_from))
         meta = {
             "kind": PARAMS_KIND,
             "arch": converted.arch.name,
@@ -155,6 +176,16 @@ def to_jax(args: argparse.Namespace) -> dict:
     tensors = converted.report.converted
     summary = _summary(src, dst, "jax", converted.arch.name, tensors, nbytes, seconds, meta)
     return summary | (_tokenizer(src, dst, "jax", copied) if arch != "seed-block" else {})
+
+
+def _add_adapter(converted, adapter: Path) -> None:
+    """``--lora-from``: the PEFT adapter in ``adapter`` put on the converted base (in place)."""
+    if converted.arch.block:
+        raise ValueError("--lora-from puts a PEFT adapter on a Hugging Face base; the seed block has none")
+    converted.config = converted.config.replace(lora=peft_lora_config(adapter, converted.config))
+    adapters = flatten(read_peft_adapter(adapter, converted.config))
+    converted.params = unflatten(flatten(converted.params) | adapters)
+    converted.report.notes.append(f"LoRA adapter from {adapter}: {converted.config.lora}")
 
 
 def _restore(src: Path) -> tuple[str, TransformerConfig, dict, dict]:
@@ -184,6 +215,10 @@ def to_torch(args: argparse.Namespace) -> dict:
     """``--to torch``: writes a jaxckpt checkpoint as a Hugging Face directory (or a .pt)."""
     src, dst = Path(args.src), Path(args.dst)
     arch, config, params, stored = _restore(src)
+    if args.adapter_only:
+        return _adapter_only(args, src, dst, config, params, stored)
+    merged = lora_paths(params) if config.lora is not None else []
+    params, config = merge_lora(params, config)  # in fp32, before any --dtype cast
     order = export_order(arch, config)
     casts = []
     if args.dtype is not None:
@@ -204,13 +239,32 @@ def to_torch(args: argparse.Namespace) -> dict:
             options |= dict(tokenizer_from=src if names else None)  # copied inside write_hf's temp dir
             write_hf(params, config, dst, hf_fields=stored.get("hf_fields"), **options)
     nbytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
-    meta = {
-        "report": (_verified(dst, arch, config, params) if args.verify else {}) | {"dtype_changes": casts}
-    }
+    report = _verified(dst, arch, config, params) if args.verify else {}
+    notes = [f"merged the LoRA adapters of {', '.join(merged)} into their kernels"] if merged else []
+    meta = {"report": report | {"dtype_changes": casts, "notes": notes}}
     summary = _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, meta)
     if arch == "seed-block":
         return summary
     return summary | _tokenizer(src, dst, "torch", names)
+
+
+def _adapter_only(args, src: Path, dst: Path, config: TransformerConfig, params: dict, stored: dict) -> dict:
+    """``--to torch --adapter-only``: the checkpoint's LoRA adapters as a PEFT directory."""
+    for flag, given in (("--dtype", args.dtype), ("--verify", args.verify)):
+        if given:
+            raise ValueError(
+                f"--adapter-only writes the adapters alone, in the dtype they trained in: {flag} applies "
+                "to a full export (leave out --adapter-only)"
+            )
+    start = time.perf_counter()
+    name = args.base_model or (stored.get("hf_fields") or {}).get("_name_or_path")
+    write_peft_adapter(params, config, dst, base_model_name_or_path=name or None, force=args.force)
+    modules, tensors = adapter_tensors(params, config)
+    nbytes = sum(a.nbytes for a in tensors.values())
+    seconds = time.perf_counter() - start
+    summary = _summary(src, dst, "torch", config.family, len(tensors), nbytes, seconds, {})
+    peft = {"r": config.lora.rank, "lora_alpha": config.lora.alpha, "base_model_name_or_path": name or None}
+    return summary | {"adapter_only": True, "target_modules": [m.name for m in modules.values()]} | peft
 
 
 def _tokenizer(src: Path, dst: Path, to: str, copied: list[str]) -> dict:

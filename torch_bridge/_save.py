@@ -20,8 +20,9 @@ from flax import nnx
 from jaxckpt.data import TOKENIZER_FILES, copy_tokenizer_files, tokenizer_files
 from jaxckpt.nn import Block, Transformer, TransformerConfig
 from torch_bridge._archs import architecture
-from torch_bridge._convert import common_dtype, export_order, flatten, target_shapes
+from torch_bridge._convert import common_dtype, export_order, flatten, listing, target_shapes
 from torch_bridge._hf_kept import check_kept
+from torch_bridge._merge import merge_lora
 from torch_bridge._table import Rule
 from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors
 
@@ -46,6 +47,11 @@ def write_hf(
     common dtype (``common_dtype``: bf16 with fp32 is fp32), which changes no value.
     ``config.json`` gets ``dtype=config.param_dtype``.
 
+    A LoRA model (``config.lora``) is written merged (``merge_lora``): each adapted kernel
+    as ``kernel + alpha / r * a @ b``, summed in fp32 and cast to the kernel's dtype, so the
+    directory holds a plain model, with no adapter tensors, that computes what the LoRA model
+    does. (``write_peft_adapter`` writes the adapters alone.)
+
     Args:
         params: the parameters.
         config: their model's config.
@@ -67,8 +73,10 @@ def write_hf(
         FileExistsError: when ``path`` exists and ``force`` is False.
         ValueError: for a key of ``hf_fields`` that is not a name, id or generation field
             (named; checked before anything is written), a config the family's
-            ``config.json`` cannot express, or a ``tokenizer_from`` that is not a directory
-            holding tokenizer files (named, checked before anything is written).
+            ``config.json`` cannot express, a ``tokenizer_from`` that is not a directory
+            holding tokenizer files (named, checked before anything is written), parameters
+            that are not the config's model's (named: adapters without ``config.lora``), or a
+            quantized LoRA base (``config.quantize_base``; see ``merge_lora``).
         TypeError: when ``tokenizer_from`` is not a path.
 
     Example:
@@ -82,15 +90,15 @@ def write_hf(
         >>> files[0], files[-1], len(files), json.loads((out / "config.json").read_text())["eos_token_id"]
         ('config.json', 'model.safetensors.index.json', 5, 2)
     """
+    params, config = merge_lora(params, config)
     arch = architecture(config.family)
     limit = parse_shard_size(max_shard_size)
     hf = arch.hf_config(config) | check_kept(hf_fields)
     _check_tokenizer_from(tokenizer_from)
     shapes = target_shapes(arch, config)
     order = export_order(arch, config, shapes)  # the model is traced once, not twice
-    if isinstance(params, nnx.State):
-        params = nnx.to_pure_dict(params)
     flat = {p: np.asarray(leaf) for p, leaf in flatten(params).items()}
+    _check_paths(flat, shapes)
     dtypes = {key: common_dtype(flat[p].dtype for p in rule.jax) for key, rule, _ in order}
     specs = [(k, r.torch_shape({p: shapes[p].shape for p in r.jax}), dtypes[k]) for k, r, _ in order]
     rules = {key: (rule, layer) for key, rule, layer in order}
@@ -108,6 +116,17 @@ def write_hf(
         if tokenizer_from is not None:
             copy_tokenizer_files(tokenizer_from, tmp)
     return Path(path)
+
+
+def _check_paths(flat: dict, shapes: dict) -> None:
+    """Refuses parameters the config's model does not have, or lacks: none is left unwritten."""
+    unknown, missing = sorted(set(flat) - set(shapes)), sorted(set(shapes) - set(flat))
+    if unknown or missing:
+        found = [f"{len(unknown)} unknown: {listing(unknown)}"] if unknown else []
+        found += [f"{len(missing)} missing: {listing(missing)}"] if missing else []
+        raise ValueError(
+            f"params are not those of config's model ({'; '.join(found)}); pass the model's config"
+        )
 
 
 def _check_tokenizer_from(tokenizer_from: "str | os.PathLike | None") -> None:
