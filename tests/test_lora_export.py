@@ -162,18 +162,29 @@ def test_merged_export_equals_peft_merge_and_unload(ours, base, tmp_path):
     np.testing.assert_allclose(_torch_logits(reloaded), _logits(ours), atol=1e-5, rtol=1e-5)
 
 
-def test_bf16_base_merges_in_fp32():
-    cfg = nn.TransformerConfig.preset(
-        "tiny", n_layers=1, d_model=18, n_heads=3, n_kv_heads=1, ffn_dim=11, vocab_size=13
+def test_bf16_base_merges_in_fp32_and_bf16_adapters_stay_bf16(tmp_path):
+    cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=18, n_heads=3, n_kv_heads=1, ffn_dim=11)
+    cfg = cfg.replace(
+        param_dtype="bfloat16", lora=nn.LoraConfig(rank=2, alpha=3, targets="up", dtype="bfloat16")
     )
-    cfg = cfg.replace(param_dtype="bfloat16", lora=nn.LoraConfig(rank=2, targets="up"))
-    model = _randomize_adapters(nn.Transformer(cfg, rngs=nnx.Rngs(0)), seed=2)
-    merged, plain = torch_bridge.merge_lora(nnx.state(model, nnx.Param), cfg)
-    kernel = merged["blocks"]["mlp"]["up"]["kernel"]
-    up = model.blocks.mlp.up
-    exact = np.asarray(up.kernel[...], np.float32) + np.matmul(up.lora.lora_a[...], up.lora.lora_b[...])
-    assert kernel.dtype == np.dtype("bfloat16") and plain.lora is None
-    np.testing.assert_array_equal(kernel, exact.astype(kernel.dtype))  # one rounding, at the end
+    rng = np.random.default_rng(2)
+    a, b = (rng.normal(0, 0.3, shape).astype(jnp.bfloat16) for shape in ((1, 18, 2), (1, 2, 11)))
+    kernel = rng.normal(0, 0.1, (1, 18, 11)).astype(jnp.bfloat16)
+    up = {"kernel": kernel, "lora": {"lora_a": a, "lora_b": b}}
+    merged, plain = torch_bridge.merge_lora({"blocks": {"mlp": {"up": up}}}, cfg)
+    exact = kernel.astype(np.float32) + 1.5 * np.matmul(a.astype(np.float32), b.astype(np.float32))
+    assert plain.lora is None and merged["blocks"]["mlp"]["up"].keys() == {"kernel"}
+    np.testing.assert_array_equal(merged["blocks"]["mlp"]["up"]["kernel"], exact.astype(jnp.bfloat16))
+
+    out = torch_bridge.write_peft_adapter({"blocks": {"mlp": {"up": up}}}, cfg, tmp_path / "bf16")
+    with torch_bridge.open_tensors(out / "adapter_model.safetensors") as source:
+        assert {k: str(source.dtype(k)) for k in source.keys()} == {  # noqa: SIM118
+            "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": "bfloat16",
+            "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight": "bfloat16",
+        }
+        np.testing.assert_array_equal(
+            source["base_model.model.model.layers.0.mlp.up_proj.lora_B.weight"], b[0].T
+        )
 
 
 def test_peft_adapter_loads_into_our_model(theirs, base):
@@ -199,12 +210,13 @@ def test_mismatched_adapter_is_refused_by_name(theirs, base):
 
 def test_refusals(ours, tmp_path):
     cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=18, n_heads=3, n_kv_heads=1, ffn_dim=11)
-    plain = nn.Transformer(cfg, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"config\.lora is None"):
-        torch_bridge.save_peft_adapter(plain, tmp_path / "none")
+    with pytest.raises(ValueError, match=r"config\.lora is None: the model has no LoRA adapters"):
+        torch_bridge.write_peft_adapter({}, cfg, tmp_path / "none")
+    with pytest.raises(ValueError, match=r"quantize_base='nf4'.*--adapter-only"):
+        torch_bridge.merge_lora({}, cfg.replace(lora=2, quantize_base="nf4"))
     gpt2 = nn.TransformerConfig.preset("gpt2", n_layers=1, d_model=9, n_heads=3, vocab_size=13, max_len=8)
     with pytest.raises(ValueError, match=r"'q' adapter .*c_attn holds q, k, v.*o,up,down"):
-        torch_bridge.save_peft_adapter(nn.Transformer(gpt2.replace(lora=2), rngs=nnx.Rngs(0)), tmp_path / "g")
+        torch_bridge.write_peft_adapter({}, gpt2.replace(lora=2), tmp_path / "g")
     (tmp_path / "taken").mkdir()
     with pytest.raises(FileExistsError, match="force=True"):
         torch_bridge.save_peft_adapter(ours, tmp_path / "taken")
