@@ -55,6 +55,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=100, help="total steps (a resumed run continues up to it)")
     p.add_argument("--lr", type=float, default=train.OptimizerConfig.learning_rate, help="peak learning rate")
+    add_optimizer_arguments(p)
     add_data_arguments(p)
     p.add_argument("--eval-data", help="held-out data (a file as --data) for the eval loss and perplexity")
     p.add_argument(
@@ -115,7 +116,13 @@ def run(args: argparse.Namespace) -> int:
         **sizes,
         data=args.data,
         seed=args.seed,
-        optimizer=train.OptimizerConfig(learning_rate=args.lr),
+        optimizer=train.OptimizerConfig(
+            learning_rate=args.lr,
+            name=args.optimizer,
+            moments_dtype=args.moments_dtype,
+            offload=args.offload_optimizer,
+            loss_scale=args.loss_scale,
+        ),
         tokenizer=args.tokenizer,
         text_per_line=args.text_per_line,
         eval_data=args.eval_data,
@@ -149,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
             f"eval loss {last['loss']:.4f}, perplexity {last['perplexity']:.2f} (step {last['step']}, "
             f"{len(result.eval)} evaluation(s))"
         )
+    for line in optimizer_lines(result.to_dict()):
+        console.print(line)
     m = result.memory
     if result.plan is not None:
         p = result.plan
@@ -176,6 +185,56 @@ def _lora_overrides(args: argparse.Namespace) -> dict:
     if args.param_dtype is None:
         out["param_dtype"] = "bfloat16"
     return out
+
+
+OPTIMIZER_FLAGS = {
+    "name": "--optimizer",
+    "moments_dtype": "--moments-dtype",
+    "offload": "--offload-optimizer",
+    "loss_scale": "--loss-scale",
+}
+"""``OptimizerConfig``'s fields -> the flags that set them (for error messages)."""
+
+
+def add_optimizer_arguments(p) -> None:
+    """``--optimizer``, ``--moments-dtype``, ``--offload-optimizer`` and ``--loss-scale``."""
+    p.add_argument("--optimizer", choices=train.OPTIMIZERS, default="adamw", help="default: adamw")
+    p.add_argument(
+        "--moments-dtype",
+        choices=train.MOMENTS_DTYPES,
+        help="dtype of the optimizer state (both AdamW moments); default: the parameters' "
+        "(float32 for float16 ones)",
+    )
+    p.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="keep the optimizer state in pinned host memory, updated leaf by leaf (on CPU: saves nothing)",
+    )
+    p.add_argument(
+        "--loss-scale",
+        default="auto",
+        metavar="dynamic|none|auto|N",
+        help="loss scaling: dynamic (skips non-finite steps), none, a static scale N, or auto "
+        "(dynamic for a float16 model; the default)",
+    )
+    p.set_defaults(flags=OPTIMIZER_FLAGS)
+
+
+def optimizer_lines(result: dict) -> list[str]:
+    """Where the optimizer state lived (with offload), and the loss scaling's skipped steps."""
+    lines = []
+    optimizer = result["optimizer"]
+    if optimizer["offload"]:
+        note = (
+            ""
+            if optimizer["offload_saves_memory"]
+            else " (on CPU the same RAM as the device's: nothing saved)"
+        )
+        lines.append(f"optimizer state ({optimizer['name']}) offloaded to pinned_host memory{note}")
+    if result["loss_scale"] is not None or result["skipped_steps"]:
+        scale = "" if result["loss_scale"] is None else f", loss scale {result['loss_scale']:g}"
+        lines.append(f"skipped steps (non-finite gradients): {result['skipped_steps']}{scale}")
+    return lines
 
 
 def add_data_arguments(p) -> None:

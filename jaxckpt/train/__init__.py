@@ -1,4 +1,5 @@
-"""Training: the optax train step on byte windows or packed data files, held-out
+"""Training: the optax train step (AdamW, Adafactor or SGD; state dtype, host offload,
+float16 loss scaling) on byte windows or packed data files, held-out
 evaluation, orbax checkpoints, data parallel + FSDP
 meshes (also over several processes), progress and memory reports, and ``compare``, the
 seed's experiment (attention x remat).
@@ -18,7 +19,17 @@ from jaxckpt.train._distributed import initialize, is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator, evaluate
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config, source_hf_fields
 from jaxckpt.train._loop import TrainRun, train
+from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
 from jaxckpt.train._memory import MemoryReport, memory_report
+from jaxckpt.train._offload import offload_shardings, stream_to_host
+from jaxckpt.train._optimizers import (
+    MOMENTS_DTYPES,
+    OPTIMIZERS,
+    OptimizerConfig,
+    TrainOptimizer,
+    clip_by_global_norm,
+    keep_state_dtypes,
+)
 from jaxckpt.train._run_data import DataOptions
 from jaxckpt.train._sharding import (
     LOGICAL_AXIS_RULES,
@@ -28,20 +39,26 @@ from jaxckpt.train._sharding import (
     parse_mesh,
     state_shardings,
 )
-from jaxckpt.train._step import OptimizerConfig, Trainer, jit_train_step, loss_and_grads, next_token_loss
+from jaxckpt.train._step import Trainer, jit_train_step, loss_and_grads, next_token_loss
 
 __all__ = [
     "LOGICAL_AXIS_RULES",
+    "MOMENTS_DTYPES",
+    "OPTIMIZERS",
     "PARAMS_KIND",
     "VOCAB_SIZE",
     "ByteBatches",
     "DataOptions",
     "Evaluator",
+    "LossScaler",
     "MemoryReport",
     "OptimizerConfig",
+    "TrainOptimizer",
     "TrainRun",
     "Trainer",
+    "all_finite",
     "bytes_per_device",
+    "clip_by_global_norm",
     "compare",
     "decode",
     "default_corpus_path",
@@ -51,6 +68,9 @@ __all__ = [
     "initialize",
     "is_primary",
     "jit_train_step",
+    "keep_if_finite",
+    "keep_state_dtypes",
+    "keep_state_if_finite",
     "latest_step",
     "leaf_spec",
     "load_tokens",
@@ -59,6 +79,7 @@ __all__ = [
     "memory_report",
     "next_token_loss",
     "offload_saves_memory",
+    "offload_shardings",
     "parse_mesh",
     "read_meta",
     "resolve_mesh",
@@ -67,5 +88,6 @@ __all__ = [
     "source_config",
     "source_hf_fields",
     "state_shardings",
+    "stream_to_host",
     "train",
 ]

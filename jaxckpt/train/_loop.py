@@ -13,6 +13,7 @@ from jaxckpt.data import ByteTokenizer, copy_tokenizer_files, tokenizer_for, tok
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import MAX_TO_KEEP, latest_step, read_meta, restore_checkpoint, save_checkpoint
+from jaxckpt.train._compare import offload_saves_memory
 from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
@@ -31,8 +32,10 @@ class TrainRun:
         >>> from jaxckpt import nn, train
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
         >>> run = train.train(cfg, steps=1, batch=2, seq=16, progress=False)
-        >>> sorted(run.to_dict()), run.plan is None
-        (['data', 'eval', 'memory', 'plan', 'steps', 'temp_bytes'], True)
+        >>> sorted(run.to_dict())
+        ['data', 'eval', 'loss_scale', 'memory', 'optimizer', 'plan', 'skipped_steps', 'steps', 'temp_bytes']
+        >>> run.plan is None, run.skipped_steps
+        (True, 0)
     """
 
     steps: list[dict]
@@ -46,10 +49,17 @@ class TrainRun:
     data: dict = dataclasses.field(default_factory=dict)
     """The data: ``{"kind": "windows" | "packed", "tokenizer", ...}`` and, for a packed
     stream, its counts (documents, split documents, packing efficiency, ...)."""
+    skipped_steps: int = 0
+    """Steps skipped for a non-finite loss or gradients (float16 loss scaling), this run's
+    and, after a resume, the earlier ones."""
+    loss_scale: "float | None" = None
+    """The loss scale after the last step (None without loss scaling)."""
 
     def to_dict(self) -> dict:
-        """``{"steps": [{"step", "loss", "step_seconds"}], "temp_bytes", "memory", "plan",
-        "eval", "data"}``."""
+        """``{"steps": [{"step", "loss", "step_seconds", "skipped", "loss_scale"}], "temp_bytes",
+        "memory", "plan", "eval", "data", "skipped_steps", "loss_scale", "optimizer"}``
+        (``optimizer``: ``OptimizerConfig.to_dict()``, and with ``offload`` whether it saves
+        device memory here, ``offload_saves_memory``: False on CPU)."""
         return {
             "steps": self.steps,
             "temp_bytes": self.memory.temp,
@@ -57,7 +67,16 @@ class TrainRun:
             "plan": None if self.plan is None else self.plan.to_dict(),
             "eval": self.eval,
             "data": self.data,
+            "skipped_steps": self.skipped_steps,
+            "loss_scale": self.loss_scale,
+            "optimizer": self.optimizer_report(),
         }
+
+    def optimizer_report(self) -> dict:
+        """The optimizer's settings, and with offload ``offload_saves_memory``."""
+        settings = self.trainer.optimizer
+        extra = {"offload_saves_memory": offload_saves_memory()} if settings.offload else {}
+        return {**settings.to_dict(), "loss_scale_mode": self.trainer.loss_scale_mode, **extra}
 
 
 def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -> None:
@@ -87,6 +106,9 @@ def _barrier(name: str) -> None:
 FREE_ON_RESUME = ("remat", "attention")
 """Config fields a resumed run may change: they do not change the numbers."""
 
+OPTIMIZER_FREE_ON_RESUME = ("offload",)
+"""``OptimizerConfig`` fields a resumed run may change (the state's layout is the same)."""
+
 RESULTS = ("eval", "data_states", "data_stats", "hf_fields")
 """``jaxckpt.json`` keys that record what a run did, not how it was set up."""
 
@@ -96,9 +118,11 @@ def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
 
     def comparable(m: dict) -> dict:
         config = {k: v for k, v in m.get("config", {}).items() if k not in FREE_ON_RESUME}
+        optimizer = {k: v for k, v in m.get("optimizer", {}).items() if k not in OPTIMIZER_FREE_ON_RESUME}
         return {
-            **{k: v for k, v in m.items() if k != "config" and k not in RESULTS},
+            **{k: v for k, v in m.items() if k not in ("config", "optimizer") and k not in RESULTS},
             **{f"config.{k}": v for k, v in config.items()},
+            **{f"optimizer.{k}": v for k, v in optimizer.items()},
         }
 
     old, new = comparable(saved), comparable(meta)
@@ -226,6 +250,7 @@ def train(
         "micro_batches": micro_batches,
         "data": {"kind": feed.kind, **options.to_dict()},
         "tokenizer": tokenizer_name(tok),
+        "optimizer": trainer.optimizer.to_dict(),
     }
     run = _Run(
         trainer, feed, directory, meta, Evaluator(trainer.model, mesh) if _evaluates(options) else None
@@ -235,13 +260,24 @@ def train(
     if resume:
         saved = read_meta(directory)
         _check_resumable(saved, meta, directory)
-        start, trainer.state = restore_checkpoint(directory, trainer.state)
+        start, restored = restore_checkpoint(directory, trainer.state)
+        trainer.state = trainer.placed(restored)  # the offloaded optimizer state back in host memory
         state = run.resume(saved, start)
     run.sources = _tokenizer_sources(tokenizer, init_from, tok)
     records = run.steps(start, steps, state, progress, memory, checkpoint_every, eval_every)
     if directory is not None and records:
         run.save(steps)
-    return TrainRun(records, memory, trainer, plan, run.results["eval"], run.data_report())
+    scale = trainer.loss_scale()
+    return TrainRun(
+        records,
+        memory,
+        trainer,
+        plan,
+        run.results["eval"],
+        run.data_report(),
+        skipped_steps=scale["skipped_steps"],
+        loss_scale=scale["scale"],
+    )
 
 
 def _tokenizer_sources(tokenizer, init_from, tok) -> list:
@@ -311,16 +347,17 @@ class _Run:
         stream = self.feed.iterate(start, state)
         shape = jax.tree.leaves(self.feed.first)[0].shape
         tokens_per_step = shape[0] * shape[1] * (shape[2] - (self.feed.kind == "windows"))
+        skips = _SkipCounter(self.trainer)
         with train_progress(steps, start, progress and is_primary()) as update:
             for step in range(start, steps):
                 batch, state = next(stream)
                 t0 = time.perf_counter()
                 loss = float(jax.block_until_ready(self.trainer.step(batch)))
                 seconds = time.perf_counter() - t0
-                records.append({"step": step, "loss": loss, "step_seconds": seconds})
+                records.append({"step": step, "loss": loss, "step_seconds": seconds, **skips.after_step()})
                 done = step + 1
                 evaluation = self._evaluate(done) if self._due(done, steps, eval_every) else None
-                update(done, loss, tokens_per_step / seconds, memory_text(memory), evaluation)
+                update(done, loss, tokens_per_step / seconds, memory_text(memory), evaluation, skips.text())
                 self.state = state
                 if self.directory is not None and every and done % every == 0 and done < steps:
                     self.save(done)
@@ -358,6 +395,29 @@ class _Run:
     def data_report(self) -> dict:
         """``{"kind", "tokenizer", **counts}`` of the run's data."""
         return {"kind": self.feed.kind, "tokenizer": self.meta["tokenizer"], **self.feed.stats}
+
+
+class _SkipCounter:
+    """Each step's ``{"skipped", "loss_scale"}``, read from the trainer's loss scaler (no
+    device read without loss scaling or a non-finite skip)."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.reads = trainer.loss_scale_mode != "none" or trainer.skips_nonfinite
+        self.state = trainer.loss_scale() if self.reads else {"skipped_steps": 0, "scale": None}
+
+    def after_step(self) -> dict:
+        if not self.reads:
+            return {"skipped": False, "loss_scale": None}
+        before, self.state = self.state["skipped_steps"], self.trainer.loss_scale()
+        return {"skipped": self.state["skipped_steps"] > before, "loss_scale": self.state["scale"]}
+
+    def text(self) -> str:
+        """``"scale 32768, skipped 2"`` for the progress bar ('' without loss scaling)."""
+        if not self.reads:
+            return ""
+        scale = self.state["scale"]
+        return ("" if scale is None else f"scale {scale:g}, ") + f"skipped {self.state['skipped_steps']}"
 
 
 def _copy_tokenizer(source: Path, directory: Path) -> None:

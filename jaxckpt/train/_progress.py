@@ -1,4 +1,4 @@
-"""A rich progress bar for training: step, loss, tokens/s and memory."""
+"""A rich progress bar for training: step, loss, tokens/s, memory and skipped steps."""
 
 import contextlib
 
@@ -23,8 +23,10 @@ def _eval_text(evaluation: dict) -> str:
 
 @contextlib.contextmanager
 def train_progress(total: int, start: int, enabled: bool = True):
-    """Yields ``update(step, loss, tokens_per_second, memory, evaluation=None)`` (``evaluation``:
-    the latest ``{"step", "loss", "perplexity"}``, shown until the next); draws nothing when disabled."""
+    """Yields ``update(step, loss, tokens_per_second, memory, evaluation=None, skips="")``
+    (``evaluation``: the latest ``{"step", "loss", "perplexity"}``, shown until the next;
+    ``skips``: the loss scale and skipped-step count, e.g. ``"scale 32768, skipped 2"``);
+    draws nothing when disabled."""
     if not enabled:
         yield lambda *args: None
         return
@@ -34,16 +36,21 @@ def train_progress(total: int, start: int, enabled: bool = True):
         MofNCompleteColumn(),
         TextColumn(
             "loss {task.fields[loss]}{task.fields[eval]}  {task.fields[speed]} tok/s  {task.fields[memory]}"
+            "{task.fields[skips]}"
         ),
         TimeRemainingColumn(),
     )
     with Progress(*columns, transient=False) as progress:
-        fields = dict(loss="-", speed="-", memory="", eval="")
+        fields = dict(loss="-", speed="-", memory="", eval="", skips="")
         task = progress.add_task("train", total=total, completed=start, **fields)
 
-        def update(step: int, loss: float, tokens_per_second: float, memory: str, evaluation=None) -> None:
+        def update(
+            step: int, loss: float, tokens_per_second: float, memory: str, evaluation=None, skips: str = ""
+        ) -> None:
             extra = {} if evaluation is None else {"eval": _eval_text(evaluation)}
-            speed = f"{tokens_per_second:,.0f}"
-            progress.update(task, completed=step, loss=f"{loss:.4f}", speed=speed, memory=memory, **extra)
+            speed, skips = f"{tokens_per_second:,.0f}", skips and f"  {skips}"
+            progress.update(
+                task, completed=step, loss=f"{loss:.4f}", speed=speed, memory=memory, skips=skips, **extra
+            )
 
         yield update

@@ -1,6 +1,6 @@
-"""The jitted train step: next-token loss, micro-batch accumulation, AdamW, donation."""
+"""The jitted train step: next-token loss, micro-batch accumulation, loss scaling, the
+optimizer update (skipped where not finite), donation."""
 
-import dataclasses
 import functools
 
 import jax
@@ -14,88 +14,12 @@ from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._distributed import put_global
 from jaxckpt.train._loss import PACKED_FIELDS, is_packed, weighted_loss_sum
+from jaxckpt.train._loss_scale import all_finite, keep_if_finite
+from jaxckpt.train._offload import offload_shardings, require_host_memory
+from jaxckpt.train._optimizers import OptimizerConfig, clip_by_global_norm
 from jaxckpt.train._sharding import ACTIVATION_RULES, batch_sharding, replicated, state_shardings
 
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """AdamW with linear warm-up, cosine decay and global-norm clipping.
-
-    Attributes:
-        learning_rate: peak learning rate. warmup_steps: linear warm-up length.
-        decay_steps: cosine decay length after warm-up (0 = constant after warm-up).
-        weight_decay, b1, b2, eps: AdamW hyper-parameters. clip_norm: 0 disables clipping.
-
-    Raises:
-        ValueError: for a learning rate that is not positive or a negative step count.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> tx = OptimizerConfig(learning_rate=1e-3, warmup_steps=0).transformation()
-        >>> params = {"w": jnp.ones(2)}
-        >>> updates, _ = tx.update(params, tx.init(params), params)  # gradient = params
-        >>> bool((updates["w"] < 0).all())  # a step against the gradient
-        True
-    """
-
-    learning_rate: float = 3e-3
-    warmup_steps: int = 10
-    decay_steps: int = 0
-    weight_decay: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    clip_norm: float = 1.0
-
-    def __post_init__(self):
-        if not self.learning_rate > 0:
-            raise ValueError(f"OptimizerConfig: learning_rate={self.learning_rate!r} must be > 0")
-        for name in ("warmup_steps", "decay_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"OptimizerConfig: {name}={getattr(self, name)!r} must be >= 0")
-
-    def transformation(self) -> optax.GradientTransformation:
-        """The optax transformation."""
-        peak = self.learning_rate
-        if self.decay_steps:
-            schedule = optax.warmup_cosine_decay_schedule(
-                peak / (self.warmup_steps + 1),
-                peak,
-                max(self.warmup_steps, 1),
-                self.warmup_steps + self.decay_steps,
-                end_value=peak / 10,
-            )
-        else:
-            schedule = (
-                optax.linear_schedule(peak / (self.warmup_steps + 1), peak, self.warmup_steps)
-                if self.warmup_steps
-                else peak
-            )
-        adamw = optax.adamw(schedule, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay)
-        return optax.chain(clip_by_global_norm(self.clip_norm), adamw) if self.clip_norm else adamw
-
-
-def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-    """``optax.clip_by_global_norm`` in the form its own TODO names as faster: every
-    gradient times one scalar, ``min(1, max_norm / norm)``. optax's ``select`` between the
-    gradient and its rescaled copy costs a params-sized buffer; on ``bench_finetune``'s
-    100M model (XLA:CPU) this form cut the optimizer update from 263 to 147 ms and the
-    step's temp memory from 756 to 637 MiB. The results differ from optax's in the last bit.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> clipped, _ = clip_by_global_norm(1.0).update({"w": jnp.array([3.0, 4.0])}, None)
-        >>> clipped["w"].tolist()  # norm 5, scaled to 1
-        [0.6000000238418579, 0.800000011920929]
-    """
-
-    def clip(updates, params=None):
-        del params
-        norm = optax.tree.norm(updates)
-        scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
-        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates)
-
-    return optax.stateless(clip)
+__all__ = ["OptimizerConfig", "Trainer", "clip_by_global_norm", "jit_train_step", "loss_and_grads"]
 
 
 def next_token_loss(
@@ -131,6 +55,7 @@ def loss_and_grads(
     batch: jax.Array,
     spec: RematSpec,
     dropout_key: "jax.Array | None" = None,
+    loss_scale: "jax.Array | None" = None,
 ):
     """Mean loss and gradient over micro-batches ``batch [M, B, T + 1]``, or over a packed
     batch (``jaxckpt.data.PackedBatch``, fields ``[M, B, T]``): the mean over its weighted
@@ -141,6 +66,10 @@ def loss_and_grads(
     the trainable variables (``nn.trainable``), ``rest`` the others (a LoRA model's frozen
     base among them). ``dropout_key`` turns on the LoRA adapters' dropout, a key per
     micro-batch folded from it.
+
+    ``loss_scale`` (a float32 scalar): the gradients are taken of the loss times it
+    (float16 gradients then keep small values) and divided by it again in float32; the
+    loss returned is unscaled. A scale too large gives non-finite gradients.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -154,18 +83,19 @@ def loss_and_grads(
         True
     """
 
+    factor = 1.0 if loss_scale is None else loss_scale
     if is_packed(batch):
         # The step's loss is the mean over every weighted target of every micro-batch.
         total = jnp.maximum(jnp.sum(batch.weights.astype(jnp.float32)), 1.0)
 
         def one(params, micro, key):
-            return weighted_loss_sum(nnx.merge(graphdef, params, rest), micro, spec, key) / total
+            return weighted_loss_sum(nnx.merge(graphdef, params, rest), micro, spec, key) / total * factor
 
         m, scale = batch.inputs.shape[0], 1
     else:
 
         def one(params, tokens, key):
-            return next_token_loss(nnx.merge(graphdef, params, rest), tokens, spec, key)
+            return next_token_loss(nnx.merge(graphdef, params, rest), tokens, spec, key) * factor
 
         m = scale = batch.shape[0]
     grad_fn = jax.value_and_grad(one)
@@ -174,18 +104,27 @@ def loss_and_grads(
         return None if dropout_key is None else jax.random.fold_in(dropout_key, i)
 
     if m == 1:
-        return grad_fn(params, jax.tree.map(lambda a: a[0], batch), key_of(0))
+        loss, grads = grad_fn(params, jax.tree.map(lambda a: a[0], batch), key_of(0))
+    else:
 
-    def accumulate(carry, micro_and_index):
-        micro, i = micro_and_index
-        loss, grads = grad_fn(params, micro, key_of(i))
-        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+        def accumulate(carry, micro_and_index):
+            micro, i = micro_and_index
+            loss, grads = grad_fn(params, micro, key_of(i))
+            return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
-    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), _ = jax.lax.scan(accumulate, zeros, (batch, jnp.arange(m)))
+        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+        (loss, grads), _ = jax.lax.scan(accumulate, zeros, (batch, jnp.arange(m)))
+    if loss_scale is not None:
+        return _unscale(loss, grads, scale * loss_scale)
     if scale == 1:
         return loss, grads
     return loss / scale, jax.tree.map(lambda g: g / scale, grads)
+
+
+def _unscale(loss, grads, divisor):
+    """The loss and gradients divided by ``divisor`` (float32), each back in its dtype."""
+    inverse = 1.0 / divisor.astype(jnp.float32)
+    return loss * inverse, jax.tree.map(lambda g: (g.astype(jnp.float32) * inverse).astype(g.dtype), grads)
 
 
 def _dropout_key(model, optimizer, seed: int) -> "jax.Array | None":
@@ -203,14 +142,31 @@ def _train_step(
     model, optimizer = nnx.merge(graphdef, state)
     model_def, params, rest = nnx.split(model, trainable(model.config), ...)
     key = _dropout_key(model, optimizer, seed)
+    scaler = getattr(optimizer, "loss_scaler", None)  # a plain nnx.Optimizer has none
+    scale = None if scaler is None or scaler.mode == "none" else scaler.scale[...]
     if mesh is None:
-        loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key)
+        loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale)
     else:  # activations split over the batch, as the tokens are
         with activation_sharding(mesh, ACTIVATION_RULES):
-            loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key)
+            loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale)
+    finite = all_finite((loss, grads))
     with jax.numpy_dtype_promotion("standard"):  # optax mixes float and int32 (decay**count)
-        optimizer.update(model, grads)
+        if scaler is None or not scaler.skip_nonfinite:
+            optimizer.update(model, grads)
+        else:
+            _update_if_finite(model, optimizer, grads, finite)
+        if scaler is not None:
+            scaler.adjust(finite)
     return nnx.state((model, optimizer)), loss
+
+
+def _update_if_finite(model, optimizer, grads, finite: jax.Array) -> None:
+    """The optimizer's update where ``finite``; else params, step count and optimizer state
+    are left as they were (the transformation keeps its state itself: ``finite=``)."""
+    params, step = nnx.as_pure(nnx.state(model, optimizer.wrt)), optimizer.step[...]  # the values
+    optimizer.update(model, grads, finite=finite)
+    nnx.update(model, keep_if_finite(finite, nnx.as_pure(nnx.state(model, optimizer.wrt)), params))
+    optimizer.step[...] = jnp.where(finite, optimizer.step[...], step)
 
 
 def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh=None, seed: int = 0):
@@ -219,6 +175,11 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
 
     With a ``mesh``, ``shardings`` (the state's, from ``state_shardings``) pin the
     state in and out, and the batch is split over the mesh (data parallel + FSDP).
+    Without one, ``shardings`` (``offload_shardings``) pin the state's memory kinds.
+
+    A ``TrainOptimizer`` (``OptimizerConfig.build``) brings its loss scaler: the loss is
+    scaled and the gradients unscaled, and with ``skip_nonfinite`` a step whose loss or
+    gradients are not finite leaves params and optimizer state unchanged.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -233,7 +194,9 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
     """
     step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh, seed=seed)
     if mesh is None:
-        return jax.jit(step, donate_argnums=0)
+        if shardings is None:
+            return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=0, out_shardings=(shardings, None))
     return jax.jit(
         step,
         donate_argnums=0,
@@ -290,7 +253,8 @@ class Trainer:
 
     Args:
         model: a ``jaxckpt.nn.Transformer`` (its parameters are moved into the trainer).
-        optimizer: AdamW settings.
+        optimizer: the optimizer (AdamW by default), its state's dtype and placement, and
+            the loss scaling (``OptimizerConfig``).
         remat: overrides ``model.config.remat``.
         mesh: a ``jax.sharding.Mesh`` with axes ``data`` and ``fsdp`` (``make_mesh``):
             parameters, gradients and optimizer state are split over ``fsdp``, batches
@@ -301,6 +265,11 @@ class Trainer:
 
     A model with LoRA adapters (``config.lora``) trains them alone: the optimizer is over
     ``nnx.LoRAParam`` (``nn.trainable``), and the base gets no gradient and no state.
+    With ``optimizer.offload`` the optimizer state lives in ``pinned_host`` memory
+    (``offload_shardings``; on CPU the same RAM: nothing is saved).
+
+    Raises:
+        ValueError: ``optimizer.offload`` on a device without ``pinned_host`` memory.
 
     Example:
         >>> import jax.numpy as jnp
@@ -324,15 +293,28 @@ class Trainer:
     ):
         self.config = model.config
         self.spec = get_remat(model.config.remat if remat is None else remat)
-        tx = (optimizer or OptimizerConfig()).transformation()
-        opt = nnx.Optimizer(model, tx, wrt=trainable(model.config))
+        self.optimizer = optimizer or OptimizerConfig()
+        if self.optimizer.offload:
+            require_host_memory()
+        opt = self.optimizer.build(model)
+        self.loss_scale_mode = opt.loss_scaler.mode
+        """``"dynamic"``, ``"static"`` or ``"none"`` (``OptimizerConfig.loss_scale`` for this model)."""
+        self.skips_nonfinite = opt.loss_scaler.skip_nonfinite
+        """Whether a step with a non-finite loss or gradients is skipped."""
         self.graphdef, self.state = nnx.split((model, opt))
-        self.mesh, shardings = mesh, None
+        self.mesh, self.shardings = mesh, None
         if mesh is not None:
-            shardings = state_shardings(self.state, mesh)
-            self.state = put_global(self.state, shardings)
-        self._step = jit_train_step(self.graphdef, self.spec, shardings, mesh, seed)
+            self.shardings = state_shardings(self.state, mesh)
+        if self.optimizer.offload:
+            self.shardings = offload_shardings(self.state, self.shardings)
+        self.state = self.placed(self.state)
+        self._step = jit_train_step(self.graphdef, self.spec, self.shardings, mesh, seed)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
+
+    def placed(self, state: nnx.State) -> nnx.State:
+        """``state`` (the trainer's, or one restored from a checkpoint) where the trainer
+        keeps it: split over the mesh, the optimizer state in host memory with offload."""
+        return state if self.shardings is None else put_global(state, self.shardings)
 
     def step(self, batch) -> jax.Array:
         """Runs one step on ``batch [M, B, T + 1]`` (or a ``PackedBatch``) and returns its
@@ -373,5 +355,13 @@ class Trainer:
 
     @property
     def step_count(self) -> int:
-        """How many updates the optimizer has applied."""
+        """How many updates the optimizer has applied (a skipped step is not one)."""
         return int(nnx.merge(self.graphdef, self.state)[1].step[...])
+
+    def loss_scale(self) -> dict:
+        """``{"mode", "scale", "skipped_steps"}`` of the loss scaler, read from the device:
+        ``scale`` is None without scaling; ``skipped_steps`` counts every step skipped for
+        non-finite values, also before a resume (it is saved with the checkpoints)."""
+        scaler = self.state[1]["loss_scaler"]
+        scale = None if self.loss_scale_mode == "none" else float(scaler["scale"][...])
+        return {"mode": self.loss_scale_mode, "scale": scale, "skipped_steps": int(scaler["skipped"][...])}
