@@ -21,6 +21,15 @@ from jaxckpt.nn._kv_cache import KVCache
 from jaxckpt.nn._layers import Embedding, GemmaRMSNorm, LayerNorm, RMSNorm, logical_axes
 from jaxckpt.nn._lora import HF_MODULES, LORA_TARGETS, LoraConfig, LoraLinear, trainable
 from jaxckpt.nn._mlp import MLP
+from jaxckpt.nn._quant import (
+    NF4_CODE,
+    QuantizedBase,
+    QuantizedLinear,
+    dequantize,
+    quantize,
+    quantize_params,
+    quantized_matmul,
+)
 from jaxckpt.nn._rope import apply_rope, rope_tables
 from jaxckpt.nn._rope_scaling import RopeScaling, inv_frequencies
 from jaxckpt.nn._stack import run_blocks, segment_sizes
@@ -34,6 +43,7 @@ __all__ = [
     "LAYER_KINDS",
     "LORA_TARGETS",
     "MLP",
+    "NF4_CODE",
     "PRESETS",
     "QUANTIZATIONS",
     "Activation",
@@ -48,6 +58,8 @@ __all__ = [
     "LoraLinear",
     "Norm",
     "Positions",
+    "QuantizedBase",
+    "QuantizedLinear",
     "RMSNorm",
     "RopeKind",
     "RopeScaling",
@@ -56,10 +68,14 @@ __all__ = [
     "activation_sharding",
     "apply_rope",
     "constrain",
+    "dequantize",
     "from_params",
     "inv_frequencies",
     "logical_axes",
     "period",
+    "quantize",
+    "quantize_params",
+    "quantized_matmul",
     "rope_tables",
     "run_blocks",
     "segment_sizes",

@@ -4,6 +4,7 @@ import jax
 from flax import nnx
 
 from jaxckpt.nn._config import TransformerConfig
+from jaxckpt.nn._quant import quantize_params
 
 
 def from_params(
@@ -20,7 +21,9 @@ def from_params(
         params: the nested dict of its ``nnx.Param`` state (``nnx.to_pure_dict``), numpy
             or JAX arrays. With ``config.lora``, a base's dict without the adapters is
             taken too: the adapters are then initialised from ``seed`` (``b`` at zero, so
-            the model computes what the base does).
+            the model computes what the base does). With ``config.quantize_base``, a
+            base's float ``kernel``s are quantized here (``quantize_params``); a quantized
+            model's own dict (``kernel_codes``, ``kernel_scales``) is taken as it is.
         seed: the adapters' initialisation, when ``params`` has none.
 
     Example:
@@ -33,6 +36,8 @@ def from_params(
         0.0
     """
     graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
+    if config.quantize_base is not None:
+        params = quantize_params(params, state, config.quantize_base)
     if config.lora is not None and not _has_adapters(params):
         params = _merged(params, _initial_adapters(cls, config, seed))
     nnx.replace_by_pure_dict(state, jax.tree.map(jax.device_put, params))

@@ -8,6 +8,7 @@ from jaxckpt.nn._choices import Norm
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._dense import dense_dot_general
 from jaxckpt.nn._lora import LORA_RANK, LoraLinear
+from jaxckpt.nn._quant import QuantizedLinear
 
 EMBED_INIT = jax.nn.initializers.normal(stddev=0.02)
 
@@ -189,10 +190,31 @@ def make_dense(
     rngs: nnx.Rngs,
     axes: tuple[str, str],
     target: str | None = None,
-) -> nnx.Linear:
+) -> "nnx.Linear | QuantizedLinear":
     """A ``[d_in, d_out]`` projection in the config's dtypes (kernel init normal(0.02)),
     its axes named ``axes`` (the bias: ``axes[1]``); its matmul is ``dense_dot_general``.
-    A ``LoraLinear`` when ``target`` (a ``LORA_TARGETS`` name) is one of ``cfg.lora``'s."""
+    A ``LoraLinear`` when ``target`` (a ``LORA_TARGETS`` name) is one of ``cfg.lora``'s.
+    With ``cfg.quantize_base``, every block projection (``target`` given; not the output
+    head) is a ``QuantizedLinear`` of that kind, with an adapter if it is a target."""
+    adapted = cfg.lora is not None and target in cfg.lora.targets
+    lora_axes = dict(
+        a_metadata={LOGICAL_AXES: (axes[0], LORA_RANK)}, b_metadata={LOGICAL_AXES: (LORA_RANK, axes[1])}
+    )
+    if cfg.quantize_base is not None and target is not None:
+        return QuantizedLinear(
+            d_in,
+            d_out,
+            kind=cfg.quantize_base,
+            rngs=rngs,
+            use_bias=bias,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.storage_dtype,
+            kernel_init=EMBED_INIT,
+            kernel_metadata={LOGICAL_AXES: axes},
+            bias_metadata={LOGICAL_AXES: (axes[1],)},
+            lora=cfg.lora if adapted else None,
+            **lora_axes,
+        )
     linear = dict(
         use_bias=bias,
         dtype=cfg.compute_dtype,
@@ -202,13 +224,6 @@ def make_dense(
         dot_general=dense_dot_general,
         rngs=rngs,
     )
-    if cfg.lora is None or target not in cfg.lora.targets:
+    if not adapted:
         return nnx.Linear(d_in, d_out, **linear)
-    return LoraLinear(
-        d_in,
-        d_out,
-        lora=cfg.lora,
-        a_metadata={LOGICAL_AXES: (axes[0], LORA_RANK)},
-        b_metadata={LOGICAL_AXES: (LORA_RANK, axes[1])},
-        **linear,
-    )
+    return LoraLinear(d_in, d_out, lora=cfg.lora, **lora_axes, **linear)

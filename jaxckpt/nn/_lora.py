@@ -111,33 +111,47 @@ class LoraLinear(nnx.Linear):
         self, d_in: int, d_out: int, *, lora: LoraConfig, rngs, a_metadata=None, b_metadata=None, **linear
     ):
         super().__init__(d_in, d_out, rngs=rngs, **linear)
-        self.lora = nnx.LoRA(
-            d_in,
-            lora.rank,
-            d_out,
-            dtype=linear.get("dtype"),
-            param_dtype=jnp.dtype(lora.dtype),
-            rngs=rngs,
-            a_metadata=a_metadata or {},
-            b_metadata=b_metadata or {},
-        )
+        self.lora = adapter(d_in, d_out, lora, linear.get("dtype"), rngs, a_metadata, b_metadata)
         self.scale = lora.scale
         self.rate = lora.dropout
 
     def __call__(self, x: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
         """``x [..., d_in] -> [..., d_out]``; dropout on the adapter's input only when a
         ``dropout_key`` is given (training) and the rate is positive."""
-        y = super().__call__(x)
-        if dropout_key is not None and self.rate > 0:
-            keep = jax.random.bernoulli(dropout_key, 1.0 - self.rate, x.shape)
-            x = jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)
-        return y + (self.lora(x) * self.scale).astype(y.dtype)
+        return add_adapter(self, x, super().__call__(x), dropout_key)
+
+
+def adapter(
+    d_in: int, d_out: int, lora: LoraConfig, dtype, rngs, a_metadata=None, b_metadata=None
+) -> nnx.LoRA:
+    """The ``nnx.LoRA`` of a ``[d_in, d_out]`` projection: ``a`` He-uniform, ``b`` zeros,
+    stored in ``lora.dtype``, computing in ``dtype``."""
+    return nnx.LoRA(
+        d_in,
+        lora.rank,
+        d_out,
+        dtype=dtype,
+        param_dtype=jnp.dtype(lora.dtype),
+        rngs=rngs,
+        a_metadata=a_metadata or {},
+        b_metadata=b_metadata or {},
+    )
+
+
+def add_adapter(layer: nnx.Module, x: jax.Array, y: jax.Array, dropout_key: "jax.Array | None") -> jax.Array:
+    """``y + layer.scale * layer.lora(dropout(x))``: the adapter's output added to the base
+    projection's ``y``; dropout (rate ``layer.rate``) only when a ``dropout_key`` is given."""
+    if dropout_key is not None and layer.rate > 0:
+        keep = jax.random.bernoulli(dropout_key, 1.0 - layer.rate, x.shape)
+        x = jnp.where(keep, x / (1.0 - layer.rate), 0).astype(x.dtype)
+    return y + (layer.lora(x) * layer.scale).astype(y.dtype)
 
 
 def project(layer: nnx.Linear, x: jax.Array, dropout_key: "jax.Array | None", salt: int) -> jax.Array:
-    """``layer(x)``; an adapted layer also gets ``fold_in(dropout_key, salt)`` for its
+    """``layer(x)``; an adapted layer (one with a ``lora`` adapter: ``LoraLinear``, or a
+    quantized base's ``QuantizedLinear``) also gets ``fold_in(dropout_key, salt)`` for its
     dropout (each projection of a layer its own ``salt``), when there is a key."""
-    if dropout_key is None or not isinstance(layer, LoraLinear):
+    if dropout_key is None or getattr(layer, "lora", None) is None:
         return layer(x)
     return layer(x, dropout_key=jax.random.fold_in(dropout_key, salt))
 
