@@ -13,6 +13,12 @@ Each block of each output column keeps one fp32 scale, its absmax:
 - ``"int8"``: symmetric, ``round(w / s)`` in ``[-127, 127]`` with ``s = absmax / 127``:
   error at most ``absmax / 254``; 1.0625 byte per weight.
 
+On normal(0.02) kernels the relative RMS error is 0.092 (nf4) and 0.0059 (int8); the
+logits of random tiny models move by 0.06 - 0.25 (nf4) and 0.004 - 0.017 (int8) of their
+norm, growing with width and depth (``tests/test_nn_quant.py``). Every block projection
+is quantized, adapted or not; the embedding and the output head are not (as bitsandbytes
+keeps ``lm_head``).
+
 The codes and scales are ``QuantizedBase`` variables, not ``nnx.Param``: nothing
 differentiates or optimises them, and ``nnx.state(model, nnx.Param)`` holds no copy of
 them. ``quantized_matmul`` dequantizes inside the step (to the compute dtype) and
