@@ -88,12 +88,13 @@ class LossScaler(nnx.Pytree):
     def adjust(self, finite: jax.Array) -> None:
         """After a step whose gradients were ``finite`` (a bool scalar): a dynamic scale
         shrinks or grows (``jmp.DynamicLossScale.adjust``), and a skipped step is counted."""
-        if self.mode == "dynamic":
-            adjusted = self.loss_scale().adjust(finite)
-            self.scale[...] = adjusted.loss_scale
-            self.good_steps[...] = adjusted.counter
-        if self.skip_nonfinite:
-            self.skipped[...] = self.skipped[...] + jnp.logical_not(finite).astype(jnp.int32)
+        with jax.numpy_dtype_promotion("standard"):  # jmp mixes bool and int32
+            if self.mode == "dynamic":
+                adjusted = self.loss_scale().adjust(finite)
+                self.scale[...] = adjusted.loss_scale
+                self.good_steps[...] = adjusted.counter
+            if self.skip_nonfinite:
+                self.skipped[...] = self.skipped[...] + jnp.logical_not(finite).astype(jnp.int32)
 
 
 def all_finite(tree) -> jax.Array:

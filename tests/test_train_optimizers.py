@@ -1,0 +1,245 @@
+"""``train.OptimizerConfig``: AdamW (float32 or bfloat16 moments), Adafactor and SGD with
+momentum train, hold the state bytes they should (in the tree and in the compiled step),
+cover the LoRA adapters only, checkpoint, and offload their state to host memory."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxckpt import nn, train
+from jaxckpt.cli import main
+from jaxckpt.train import _offload
+
+# d_model and ffn_dim >= 128: optax's Adafactor factors the [L, d_model, ffn_dim] kernels.
+CFG = nn.TransformerConfig.preset(
+    "tiny", d_model=130, n_layers=1, n_heads=5, n_kv_heads=1, head_dim=26, ffn_dim=134, remat="none"
+)
+SHAPE = (1, 3, 18)
+FAST = dict(learning_rate=1e-2, warmup_steps=0)
+
+
+def _batch(seed=1):
+    return jax.random.randint(jax.random.key(seed), SHAPE, 0, CFG.vocab_size)
+
+
+def _nbytes(tree) -> int:
+    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _param_leaves(model, wrt=nnx.Param):
+    return jax.tree.leaves(nnx.state(model, wrt))
+
+
+def _adafactor_bytes(params) -> int:
+    """optax's factored state, from the shapes alone: a leaf whose two largest dims are both
+    >= 128 keeps a row and a column statistic (and a 1-element placeholder for v), any
+    other leaf a full v (and two placeholders); all float32."""
+    total = 0
+    for p in params:
+        dims = sorted(p.shape)[-2:]
+        if len(dims) == 2 and min(dims) >= 128:
+            big = sorted(range(p.ndim), key=lambda d: p.shape[d])[-2:]
+            rows = math.prod(s for d, s in enumerate(p.shape) if d != big[1])
+            cols = math.prod(s for d, s in enumerate(p.shape) if d != big[0])
+            total += rows + cols + 1
+        else:
+            total += p.size + 2
+    return 4 * total
+
+
+def _expected_state_bytes(name: str, moments_dtype, params) -> int:
+    p = sum(x.size for x in params)
+    return {
+        ("adamw", None): 2 * 4 * p,
+        ("adamw", "bfloat16"): 2 * 2 * p,  # half of float32: mu and nu both in bf16
+        ("sgd", None): 4 * p,  # the momentum trace
+        ("adafactor", None): _adafactor_bytes(params),
+    }[name, moments_dtype]
+
+
+def _moment_bytes(optimizer) -> int:
+    """The optimizer state's array bytes, scalars (step counts) left out."""
+    return sum(x.nbytes for x in jax.tree.leaves(nnx.state(optimizer.opt_state)) if x.ndim)
+
+
+@pytest.mark.parametrize(
+    "name, moments_dtype", [("adamw", None), ("adamw", "bfloat16"), ("adafactor", None), ("sgd", None)]
+)
+def test_each_optimizer_trains_and_holds_the_state_it_should(name, moments_dtype):
+    config = train.OptimizerConfig(name=name, moments_dtype=moments_dtype, **FAST)
+    trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config)
+    model, optimizer = nnx.merge(trainer.graphdef, trainer.state)
+    params = _param_leaves(model)
+    assert _moment_bytes(optimizer) == _expected_state_bytes(name, moments_dtype, params)
+    if moments_dtype:
+        dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(optimizer.opt_state)) if x.ndim}
+        assert dtypes == {jnp.dtype(moments_dtype)}
+    # The compiled step's arguments are the state (model + optimizer) and the batch; jit
+    # leaves out the arguments it never reads: Adafactor's 1-element placeholders.
+    compiled = trainer.compile(SHAPE)
+    unread = _nbytes(trainer.state) + math.prod(SHAPE) * 4 - compiled.memory_analysis().argument_size_in_bytes
+    assert unread == 0 or (name == "adafactor" and 0 < unread <= 8 * len(params)), unread
+    losses = [float(trainer.step(_batch())) for _ in range(6)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.05, losses
+
+
+@pytest.mark.slow  # three compiles; the test above checks each compiled state against its tree
+def test_bfloat16_moments_halve_the_compiled_state():
+    """From the compiled steps' argument bytes, no tree sizes: bf16 moments save one
+    params-sized float32 tree (2 x 4 bytes -> 2 x 2 bytes per parameter), and SGD's momentum
+    is one params-sized tree fewer than AdamW's two."""
+
+    def argument_bytes(**fields) -> int:
+        trainer = train.Trainer(
+            nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(**fields)
+        )
+        return trainer.compile(SHAPE).memory_analysis().argument_size_in_bytes
+
+    params = _nbytes(_param_leaves(nn.Transformer(CFG, rngs=nnx.Rngs(0))))
+    adamw = argument_bytes()
+    assert adamw - argument_bytes(moments_dtype="bfloat16") == params
+    assert abs(adamw - argument_bytes(name="sgd") - params) <= 16  # a step count or two
+
+
+@pytest.mark.parametrize("name", list(train.OPTIMIZERS))
+def test_lora_optimizer_state_covers_the_adapters_only(name):
+    cfg = CFG.replace(lora=nn.LoraConfig(rank=3, targets=("q", "v", "down")), param_dtype="bfloat16")
+    model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
+    optimizer = train.OptimizerConfig(name=name).build(model)
+    adapters = _param_leaves(model, nnx.LoRAParam)
+    assert len(adapters) == 6 and len(_param_leaves(model)) > len(adapters)
+    paths = [path for path, x in nnx.to_flat_state(nnx.state(optimizer.opt_state)) if x.get_value().ndim]
+    assert paths and all("lora" in path for path in paths), paths
+    assert _moment_bytes(optimizer) == _expected_state_bytes(name, None, adapters)
+
+
+def test_bfloat16_second_moment_tracks_float32():
+    """``keep_state_dtypes`` stores AdamW's nu (which optax keeps in the params' dtype) in
+    bf16: it stays bf16 across updates and within bf16's precision of the float32 one."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 37)}
+    grads = [{"w": jnp.sin(jnp.arange(37.0) * (k + 1))} for k in range(5)]
+    low, ref = train.keep_state_dtypes(optax.adam(1e-2), "bfloat16"), optax.adam(1e-2)
+    s_low, s_ref = low.init(params), ref.init(params)
+    with jax.numpy_dtype_promotion("standard"):  # as the train step runs optax
+        for g in grads:
+            u_low, s_low = low.update(g, s_low, params)
+            u_ref, s_ref = ref.update(g, s_ref, params)
+    assert s_low[0].nu["w"].dtype == s_low[0].mu["w"].dtype == jnp.bfloat16
+    np.testing.assert_allclose(s_low[0].nu["w"].astype(jnp.float32), s_ref[0].nu["w"], rtol=2**-7)
+    # the update: mu's cancellations in bf16 cost a few ulps of the largest update
+    np.testing.assert_allclose(
+        u_low["w"], u_ref["w"], rtol=2**-6, atol=2**-7 * float(jnp.abs(u_ref["w"]).max())
+    )
+
+
+def test_float16_params_keep_float32_moments():
+    model = nn.Transformer(CFG.replace(param_dtype="float16"), rngs=nnx.Rngs(0))
+    optimizer = train.OptimizerConfig().build(model)
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(optimizer.opt_state)) if x.ndim} == {
+        jnp.dtype(jnp.float32)
+    }
+
+
+def test_checkpoints_restore_each_optimizer(tmp_path):
+    def states(seed):
+        return nnx.State(
+            {
+                name: train.Trainer(
+                    nn.Transformer(CFG, rngs=nnx.Rngs(seed)),
+                    optimizer=train.OptimizerConfig(name=name, moments_dtype="bfloat16"),
+                ).state
+                for name in train.OPTIMIZERS
+            }
+        )
+
+    saved = jax.tree.map(lambda x: x + jnp.ones_like(x), states(0))  # not the initial values
+    train.save_checkpoint(tmp_path, 3, saved)
+    step, restored = train.restore_checkpoint(tmp_path, states(1))
+    assert step == 3
+    for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored), strict=True):
+        assert a.dtype == b.dtype and bool(jnp.array_equal(a, b))
+
+
+def test_offloaded_state_lives_in_host_memory_and_trains_alike():
+    def run(offload):
+        config = train.OptimizerConfig(offload=offload, **FAST)
+        trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config)
+        losses = [float(trainer.step(_batch())) for _ in range(3)]
+        return trainer, losses
+
+    trainer, losses = run(True)
+    kinds = {x.sharding.memory_kind for x in jax.tree.leaves(trainer.state[1]["opt_state"])}
+    assert kinds == {"pinned_host"}
+    params = jax.tree.leaves(nnx.state(trainer.model, nnx.Param))
+    assert {x.sharding.memory_kind for x in params} == {"device"}
+    np.testing.assert_allclose(losses, run(False)[1], rtol=1e-5)
+
+
+def test_offload_refuses_a_device_without_host_memory(monkeypatch):
+    monkeypatch.setattr(_offload, "has_pinned_host", lambda device=None: False)
+    with pytest.raises(ValueError, match="offload=True needs a 'pinned_host' memory space"):
+        train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(offload=True))
+
+
+def test_stream_to_host_updates_leaf_by_leaf_like_the_whole_tree():
+    params = {"a": jnp.ones((3, 5)), "b": {"c": jnp.arange(7.0)}}
+    grads = jax.tree.map(lambda x: jnp.cos(x) + 0.5, params)
+    for inner in (optax.adamw(0.1), optax.adafactor(0.1, min_dim_size_to_factor=3), optax.sgd(0.1, 0.9)):
+        tx = train.stream_to_host(inner)
+        state = tx.init(params)
+        assert jax.tree.structure(state) == jax.tree.structure(inner.init(params))
+        with jax.numpy_dtype_promotion("standard"):
+            ours = jax.jit(tx.update)(grads, state, params)
+            theirs = jax.jit(inner.update)(grads, inner.init(params), params)
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(name="lamb"), "name='lamb' is not one of adamw, adafactor, sgd"),
+        (dict(moments_dtype="float16"), "moments_dtype='float16' is not one of float32, bfloat16"),
+        (dict(momentum=1.5), "momentum=1.5 must be in [0, 1)"),
+        (dict(loss_scale="huge"), "loss_scale='huge' must be one of auto, dynamic, none"),
+        (dict(loss_scale=-2.0), "loss_scale=-2.0 must be"),
+        (dict(loss_scale_period=0), "loss_scale_period=0 must be a positive int"),
+    ],
+)
+def test_bad_optimizer_settings_name_the_field(fields, message):
+    with pytest.raises(ValueError) as err:
+        train.OptimizerConfig(**fields)
+    assert message in str(err.value)
+
+
+def test_config_round_trips_and_numbers_are_static_scales():
+    config = train.OptimizerConfig(name="sgd", momentum=0.5, offload=True, loss_scale="1024")
+    assert config.loss_scale == 1024.0
+    assert train.OptimizerConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(ValueError, match=r"unknown fields \['lr'\]"):
+        train.OptimizerConfig.from_dict({"lr": 1.0})
+
+
+def test_cli_trains_with_sgd_bf16_moments_offloaded(capsys):
+    argv = ["train", "--layers", "1", "--batch", "2", "--seq", "16", "--steps", "2"]
+    argv += ["--optimizer", "sgd", "--moments-dtype", "bfloat16", "--offload-optimizer", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    optimizer = result["optimizer"]
+    assert (optimizer["name"], optimizer["moments_dtype"], optimizer["offload"]) == ("sgd", "bfloat16", True)
+    assert optimizer["offload_saves_memory"] is False  # CPU: host memory is the same RAM
+    assert result["skipped_steps"] == 0 and result["loss_scale"] is None
+
+
+def test_cli_names_the_optimizer_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--loss-scale", "-1", "--steps", "1", "--seq", "8"])
+    assert (
+        "--loss-scale '-1' must be one of auto, dynamic, none or a positive number" in capsys.readouterr().err
+    )
