@@ -6,6 +6,7 @@ import functools
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -197,3 +198,23 @@ def test_the_cli_trains_adapters_on_an_init_from_base(tmp_path, capsys):
     assert config["lora"]["rank"] == 4 and config["param_dtype"] == "bfloat16"
     model = train.initial_model(nn.TransformerConfig.from_dict(config), 0, tmp_path / "run")
     assert np.any(np.asarray(model.blocks.attn.q_proj.lora.lora_b[...]))  # trained adapters restored
+
+
+def test_a_quantized_base_from_a_plain_checkpoint(tmp_path):
+    """--init-from a plain checkpoint with --lora and --quantize-base: the base quantized on load."""
+    train.train(
+        BASE.replace(vocab_size=256),
+        steps=1,
+        batch=2,
+        seq=8,
+        checkpoint_dir=tmp_path / "base",
+        progress=False,
+    )
+    cfg = CFG.replace(vocab_size=256)
+    model = train.initial_model(cfg.replace(quantize_base="int8"), 0, tmp_path / "base")
+    assert isinstance(model.blocks.attn.q_proj, nn.QuantizedLinear)
+    assert model.blocks.attn.q_proj.lora.lora_a[...].dtype == jnp.float32
+    tokens = _tokens()[0]
+    want = train.initial_model(cfg.replace(lora=None), 0, tmp_path / "base")(tokens)
+    rel = float(jnp.abs(model(tokens) - want).max() / jnp.abs(want).max())
+    assert rel < 0.02  # int8's documented bound (tests/test_nn_quant.py)

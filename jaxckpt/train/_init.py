@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxckpt._plugins import MODEL_SOURCES, plugin
@@ -89,7 +90,8 @@ def source_hf_fields(path: "str | os.PathLike | None") -> dict:
 
 def _check_compatible(source: TransformerConfig, config: TransformerConfig, path: Path) -> None:
     ours, theirs = config.to_dict(), source.to_dict()
-    free = FREE_ON_INIT | ({"lora"} if source.lora is None else set())  # adapters on a plain base
+    # Adapters, or a quantized store, may be put on a source that has none.
+    free = FREE_ON_INIT | {name for name in ("lora", "quantize_base") if getattr(source, name) is None}
     keys = [k for k in ours if k not in free and ours[k] != theirs.get(k)]
     differ = [f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in keys]
     if differ:
@@ -97,6 +99,17 @@ def _check_compatible(source: TransformerConfig, config: TransformerConfig, path
             f"init_from={str(path)!r} holds a different model ({'; '.join(differ)}); use the model "
             f"it holds, or one that differs from it only in {', '.join(sorted(FREE_ON_INIT))}"
         )
+
+
+def _stored_as(params: dict, config: TransformerConfig) -> dict:
+    """``params`` cast to ``config``'s storage dtypes: the adapters' own, the base's."""
+    adapter = config.lora and jnp.dtype(config.lora.dtype)
+
+    def cast(path, a):
+        is_adapter = any(getattr(k, "key", None) == "lora" for k in path)
+        return a.astype(adapter if is_adapter else config.storage_dtype)
+
+    return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def check_init_from(config: TransformerConfig, init_from: "str | os.PathLike") -> None:
@@ -141,11 +154,11 @@ def initial_model(
     path = Path(init_from)
     source = source_config(path, name="init_from")
     _check_compatible(source, config, path)
-    if config.lora is not None and source.lora is None:  # adapters on a plain base
-        base = initial_model(config.replace(lora=None, quantize_base=None), seed, path, optimizer)
+    if (config.lora, config.quantize_base) != (source.lora, source.quantize_base):
+        # Adapters (initialised from seed) or a quantized store put on the source's parameters.
+        base = initial_model(config.replace(lora=source.lora, quantize_base=None), seed, path, optimizer)
         params = nnx.to_pure_dict(nnx.state(base, nnx.Param))
-        params = jax.tree.map(lambda a: a.astype(config.storage_dtype), params)
-        return from_params(Transformer, config, params, seed=seed)
+        return from_params(Transformer, config, _stored_as(params, config), seed=seed)
     if is_hf_dir(path):
         params = _hf_reader(path, "init_from").params(path, config)
     elif read_meta(path).get("kind") == PARAMS_KIND:
