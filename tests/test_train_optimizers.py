@@ -119,23 +119,59 @@ def test_lora_optimizer_state_covers_the_adapters_only(name):
     assert _moment_bytes(optimizer) == _expected_state_bytes(name, None, adapters)
 
 
-def test_bfloat16_second_moment_tracks_float32():
-    """``keep_state_dtypes`` stores AdamW's nu (which optax keeps in the params' dtype) in
-    bf16: it stays bf16 across updates and within bf16's precision of the float32 one."""
-    params = {"w": jnp.linspace(-1.0, 1.0, 37)}
-    grads = [{"w": jnp.sin(jnp.arange(37.0) * (k + 1))} for k in range(5)]
-    low, ref = train.keep_state_dtypes(optax.adam(1e-2), "bfloat16"), optax.adam(1e-2)
-    s_low, s_ref = low.init(params), ref.init(params)
-    with jax.numpy_dtype_promotion("standard"):  # as the train step runs optax
-        for g in grads:
-            u_low, s_low = low.update(g, s_low, params)
-            u_ref, s_ref = ref.update(g, s_ref, params)
-    assert s_low[0].nu["w"].dtype == s_low[0].mu["w"].dtype == jnp.bfloat16
-    np.testing.assert_allclose(s_low[0].nu["w"].astype(jnp.float32), s_ref[0].nu["w"], rtol=2**-7)
-    # the update: mu's cancellations in bf16 cost a few ulps of the largest update
-    np.testing.assert_allclose(
-        u_low["w"], u_ref["w"], rtol=2**-6, atol=2**-7 * float(jnp.abs(u_ref["w"]).max())
-    )
+def test_stored_moments_follow_optax():
+    """``scale_by_adam_stored`` / ``trace_stored``: optax's formula and state; in float32
+    equal to optax's, in bf16 (both moments, which optax's ``mu_dtype`` does not give)
+    within bf16's precision and still bf16 after every update."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 37), "b": jnp.ones((3, 5))}
+    # gradients of one sign: bf16 moments would lose a sum that cancels to a few ulps
+    grads = [jax.tree.map(lambda p, k=k: 1.0 + 0.5 * jnp.sin(p * 7.0 + k), params) for k in range(5)]
+    cases = [
+        (train.scale_by_adam_stored(0.9, 0.95, 1e-8, "float32"), optax.scale_by_adam(0.9, 0.95, 1e-8), 1e-6),
+        (
+            train.scale_by_adam_stored(0.9, 0.95, 1e-8, "bfloat16"),
+            optax.scale_by_adam(0.9, 0.95, 1e-8),
+            2**-6,
+        ),
+        (train.trace_stored(0.9, "float32"), optax.trace(0.9), 1e-6),
+        (train.trace_stored(0.9, "bfloat16"), optax.trace(0.9), 2**-6),
+    ]
+    for ours, theirs, rtol in cases:
+        s_ours, s_theirs = ours.init(params), theirs.init(params)
+        assert jax.tree.structure(s_ours) == jax.tree.structure(s_theirs)
+        with jax.numpy_dtype_promotion("standard"):  # as the train step runs optax
+            for g in grads:
+                u_ours, s_ours = ours.update(g, s_ours, params)
+                u_theirs, s_theirs = theirs.update(g, s_theirs, params)
+        stored = {x.dtype for x in jax.tree.leaves(s_ours) if x.ndim}
+        assert stored == {jnp.dtype(jnp.bfloat16 if rtol > 1e-6 else jnp.float32)}
+        for a, b in zip(jax.tree.leaves(s_ours), jax.tree.leaves(s_theirs), strict=True):
+            np.testing.assert_allclose(a.astype(jnp.float32), b, rtol=rtol, atol=1e-7)
+        for a, b in zip(jax.tree.leaves(u_ours), jax.tree.leaves(u_theirs), strict=True):
+            # mu's cancellations in bf16 cost a few ulps of the largest update
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * float(jnp.abs(b).max()))
+
+
+def test_bfloat16_state_updates_in_place():
+    """The update of bf16 moments needs no temporary buffer (optax's ``mu_dtype`` steps from
+    the unrounded moments: XLA:CPU keeps the new ones aside, half the params' bytes each)."""
+    params = {"w": jax.ShapeDtypeStruct((7, 129, 131), jnp.float32)}
+
+    def temp(tx) -> int:
+        state = jax.eval_shape(tx.init, params)
+
+        def step(p, s, g):
+            with jax.numpy_dtype_promotion("standard"):
+                u, s = tx.update(g, s, p)
+                return optax.apply_updates(p, u), s
+
+        compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    moment = 7 * 129 * 131 * 2  # one bf16 moment
+    for name in ("adamw", "sgd"):
+        assert temp(train.OptimizerConfig(name=name, moments_dtype="bfloat16").transformation()) < 1024
+    assert temp(optax.adamw(1e-3, mu_dtype=jnp.bfloat16)) >= moment
 
 
 def test_float16_params_keep_float32_moments():

@@ -22,14 +22,7 @@ from jaxckpt.train._loop import TrainRun, train
 from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._offload import offload_shardings, stream_to_host
-from jaxckpt.train._optimizers import (
-    MOMENTS_DTYPES,
-    OPTIMIZERS,
-    OptimizerConfig,
-    TrainOptimizer,
-    clip_by_global_norm,
-    keep_state_dtypes,
-)
+from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
 from jaxckpt.train._run_data import DataOptions
 from jaxckpt.train._sharding import (
     LOGICAL_AXIS_RULES,
@@ -40,6 +33,12 @@ from jaxckpt.train._sharding import (
     state_shardings,
 )
 from jaxckpt.train._step import Trainer, jit_train_step, loss_and_grads, next_token_loss
+from jaxckpt.train._transforms import (
+    clip_by_global_norm,
+    keep_state_dtypes,
+    scale_by_adam_stored,
+    trace_stored,
+)
 
 __all__ = [
     "LOGICAL_AXIS_RULES",
@@ -85,9 +84,11 @@ __all__ = [
     "resolve_mesh",
     "restore_checkpoint",
     "save_checkpoint",
+    "scale_by_adam_stored",
     "source_config",
     "source_hf_fields",
     "state_shardings",
     "stream_to_host",
+    "trace_stored",
     "train",
 ]

@@ -6,22 +6,29 @@ import math
 from collections.abc import Callable
 from types import MappingProxyType
 
-import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 
 from jaxckpt.nn import trainable
 from jaxckpt.train._loss_scale import LOSS_SCALES, LossScaler, keep_state_if_finite, loss_scale_mode
 from jaxckpt.train._offload import stream_to_host
+from jaxckpt.train._transforms import (
+    clip_by_global_norm,
+    keep_state_dtypes,
+    scale_by_adam_stored,
+    trace_stored,
+)
 
 MOMENTS_DTYPES = ("float32", "bfloat16")
 """Dtypes ``OptimizerConfig.moments_dtype`` takes (None: optax's, the parameters' own)."""
 
 
 def _adamw(c: "OptimizerConfig", lr) -> optax.GradientTransformation:
-    mu_dtype = None if c.moments_dtype is None else jnp.dtype(c.moments_dtype)
-    return optax.adamw(lr, b1=c.b1, b2=c.b2, eps=c.eps, weight_decay=c.weight_decay, mu_dtype=mu_dtype)
+    if c.moments_dtype is None:  # optax's own, state in the params' dtype
+        return optax.adamw(lr, b1=c.b1, b2=c.b2, eps=c.eps, weight_decay=c.weight_decay)
+    # optax.adamw's chain and state, its moments stored in moments_dtype
+    adam = scale_by_adam_stored(c.b1, c.b2, c.eps, c.moments_dtype)
+    return optax.chain(adam, optax.add_decayed_weights(c.weight_decay), optax.scale_by_learning_rate(lr))
 
 
 def _adafactor(c: "OptimizerConfig", lr) -> optax.GradientTransformation:
@@ -29,7 +36,12 @@ def _adafactor(c: "OptimizerConfig", lr) -> optax.GradientTransformation:
 
 
 def _sgd(c: "OptimizerConfig", lr) -> optax.GradientTransformation:
-    sgd = optax.sgd(lr, momentum=c.momentum or None)
+    if not c.momentum:
+        sgd = optax.sgd(lr)
+    elif c.moments_dtype is None:
+        sgd = optax.sgd(lr, momentum=c.momentum)
+    else:  # optax.sgd's chain and state, its trace stored in moments_dtype
+        sgd = optax.chain(trace_stored(c.momentum, c.moments_dtype), optax.scale_by_learning_rate(lr))
     return optax.chain(optax.add_decayed_weights(c.weight_decay), sgd) if c.weight_decay else sgd
 
 
@@ -38,77 +50,6 @@ OPTIMIZERS: "MappingProxyType[str, Callable]" = MappingProxyType(
 )
 """``OptimizerConfig.name`` -> ``(config, schedule) -> optax transformation`` (before the
 clip, the state dtypes and the offload that ``OptimizerConfig.transformation`` adds)."""
-
-
-def keep_state_dtypes(inner: optax.GradientTransformation, dtype: str | None) -> optax.GradientTransformation:
-    """``inner`` with its floating state stored in ``dtype`` (every moment, also AdamW's second
-    one, which optax's ``mu_dtype`` does not cover), computed in the promoted dtype and cast
-    back to the stored one after every update. ``dtype=None`` keeps optax's dtypes (the
-    parameters'), but float16 state is kept in float32: float16 cannot hold AdamW's
-    ``eps=1e-8`` nor small squared gradients (0 / 0 on a parameter with zero gradients).
-    For the same reason float16 gradients enter ``inner`` as float32 (optax squares them
-    in their own dtype: ``(1 - b2) * g**2`` underflows to 0 in float16 for ``|g| < 0.008``).
-
-    bfloat16 has float32's range, so ``nu`` (squared gradients) neither underflows nor
-    overflows there; it keeps 8 bits of mantissa, a 0.4% relative error on ``nu`` and 0.2%
-    on ``sqrt(nu)``, the step's denominator.
-
-    Example:
-        >>> import jax.numpy as jnp, optax
-        >>> tx = keep_state_dtypes(optax.adam(1e-3), "bfloat16")
-        >>> state = tx.init({"w": jnp.ones(3)})
-        >>> state[0].mu["w"].dtype, state[0].nu["w"].dtype
-        (dtype(bfloat16), dtype(bfloat16))
-        >>> _, state = tx.update({"w": jnp.ones(3)}, state)
-        >>> state[0].nu["w"].dtype
-        dtype(bfloat16)
-    """
-    stored = None if dtype is None else jnp.dtype(dtype)
-
-    def cast(x):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            return x
-        target = stored or (jnp.float32 if x.dtype == jnp.float16 else x.dtype)
-        return x.astype(target)
-
-    def init(params):
-        return jax.tree.map(cast, inner.init(params))
-
-    def update(updates, state, params=None):
-        updates = jax.tree.map(_widen_float16, updates)
-        new_updates, new_state = inner.update(updates, state, params)
-        return new_updates, jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, state)
-
-    return optax.GradientTransformation(init, update)
-
-
-def _widen_float16(x):
-    return x.astype(jnp.float32) if x.dtype == jnp.float16 else x
-
-
-def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-    """``optax.clip_by_global_norm`` in the form its own TODO names as faster: every
-    gradient times one scalar, ``min(1, max_norm / norm)``. optax's ``select`` between the
-    gradient and its rescaled copy costs a params-sized buffer; on ``bench_finetune``'s
-    100M model (XLA:CPU) this form cut the optimizer update from 263 to 147 ms and the
-    step's temp memory from 756 to 637 MiB. The results differ from optax's in the last bit.
-    The norm is summed in float32 (float16 squares overflow above 256); each gradient keeps
-    its dtype.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> clipped, _ = clip_by_global_norm(1.0).update({"w": jnp.array([3.0, 4.0])}, None)
-        >>> clipped["w"].tolist()  # norm 5, scaled to 1
-        [0.6000000238418579, 0.800000011920929]
-    """
-
-    def clip(updates, params=None):
-        del params
-        norm = optax.tree.norm(jax.tree.map(_widen_float16, updates))
-        scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
-        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates)
-
-    return optax.stateless(clip)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +67,10 @@ class OptimizerConfig:
             moment, relative step sizes) or ``"sgd"`` (with ``momentum``), a key of ``OPTIMIZERS``.
         moments_dtype: the dtype of the optimizer's floating state (``"float32"``,
             ``"bfloat16"``); None: the parameters' own, but float32 for float16 ones
-            (``keep_state_dtypes``). AdamW's ``mu`` goes through optax's ``mu_dtype``; its
-            ``nu``, which optax keeps in the parameters' dtype, is stored as given too.
+            (``keep_state_dtypes``). optax's ``mu_dtype`` covers AdamW's first moment only
+            (its ``nu`` stays in the parameters' dtype), so AdamW and SGD's momentum store
+            theirs through ``scale_by_adam_stored`` / ``trace_stored`` (optax's state and
+            formula, updated in place); Adafactor's statistics through ``keep_state_dtypes``.
         momentum: SGD's momentum (0: plain SGD, no state).
         offload: keep the optimizer state in host memory (``pinned_host``) and stream the
             update leaf by leaf (``stream_to_host``). On CPU the host memory is the same RAM:

@@ -16,10 +16,10 @@ from jaxckpt.train._distributed import put_global
 from jaxckpt.train._loss import PACKED_FIELDS, is_packed, weighted_loss_sum
 from jaxckpt.train._loss_scale import all_finite, keep_if_finite
 from jaxckpt.train._offload import offload_shardings, require_host_memory
-from jaxckpt.train._optimizers import OptimizerConfig, clip_by_global_norm
+from jaxckpt.train._optimizers import OptimizerConfig
 from jaxckpt.train._sharding import ACTIVATION_RULES, batch_sharding, replicated, state_shardings
 
-__all__ = ["OptimizerConfig", "Trainer", "clip_by_global_norm", "jit_train_step", "loss_and_grads"]
+__all__ = ["OptimizerConfig", "Trainer", "jit_train_step", "loss_and_grads"]
 
 
 def next_token_loss(
