@@ -81,6 +81,8 @@ class OptimizerConfig:
             unchanged), halves the scale, and doubles it after ``loss_scale_period`` good steps.
         loss_scale_init: the dynamic scale's first value. loss_scale_period: good steps
             before it grows.
+        skip_nonfinite: skip a step whose loss or gradients are not finite, counted in
+            ``Trainer.loss_scale()["skipped_steps"]``; None: with dynamic loss scaling only.
 
     Raises:
         ValueError: naming the field, for a value out of its range or choices.
@@ -111,6 +113,7 @@ class OptimizerConfig:
     loss_scale: str | float = "auto"
     loss_scale_init: float = 2.0**15
     loss_scale_period: int = 2000
+    skip_nonfinite: bool | None = None
 
     def __post_init__(self):
         if not self.learning_rate > 0:
@@ -177,7 +180,7 @@ class OptimizerConfig:
         """
         mode = loss_scale_mode(self.loss_scale, model.config)
         scale = self.loss_scale if mode == "static" else self.loss_scale_init if mode == "dynamic" else 1.0
-        scaler = LossScaler(mode, scale, self.loss_scale_period)
+        scaler = LossScaler(mode, scale, self.loss_scale_period, self.skip_nonfinite)
         return TrainOptimizer(model, self.transformation(), wrt=trainable(model.config), loss_scaler=scaler)
 
     def to_dict(self) -> dict:
