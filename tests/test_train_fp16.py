@@ -125,6 +125,7 @@ def test_loss_scaling_is_on_for_float16_models_by_default(fields, loss_scale, mo
     assert built.loss_scaler.mode == mode
 
 
+@pytest.mark.slow  # two compiles; the overflow test above trains through the same unscaling
 def test_scaled_gradients_equal_unscaled_ones_over_micro_batches():
     cfg = CFG.replace(dtype="float32")
     graphdef, params, rest = nnx.split(nn.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
@@ -153,6 +154,14 @@ def test_skip_guards_a_run_without_loss_scaling():
     assert len(changed) == 1  # the skip count alone
 
 
+def test_cli_line_of_the_skipped_steps():
+    from jaxckpt.cli._train import optimizer_lines
+
+    result = {"optimizer": {"offload": False}, "loss_scale": 4096.0, "skipped_steps": 3}
+    assert optimizer_lines(result) == ["skipped steps (non-finite gradients): 3, loss scale 4096"]
+
+
+@pytest.mark.slow  # a compile; test_train_optimizers runs the optimizer flags through the CLI
 def test_cli_prints_the_skipped_steps(capsys):
     argv = ["train", "--layers", "1", "--batch", "2", "--seq", "16", "--steps", "2", "--dtype", "float16"]
     assert main([*argv, "--loss-scale", "dynamic"]) == 0

@@ -279,3 +279,14 @@ def test_cli_names_the_optimizer_flag(capsys):
     assert (
         "--loss-scale '-1' must be one of auto, dynamic, none or a positive number" in capsys.readouterr().err
     )
+
+
+def test_cli_says_offload_saves_nothing_on_cpu():
+    from jaxckpt.cli._train import optimizer_lines
+
+    result = {"optimizer": {"name": "adamw", "offload": True, "offload_saves_memory": False}}
+    lines = optimizer_lines({**result, "loss_scale": None, "skipped_steps": 0})
+    assert lines == [
+        "optimizer state (adamw) offloaded to pinned_host memory "
+        "(on CPU the same RAM as the device's: nothing saved)"
+    ]
