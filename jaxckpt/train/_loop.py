@@ -18,7 +18,7 @@ from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
 from jaxckpt.train._memory import MemoryReport, memory_report
-from jaxckpt.train._progress import memory_text, train_progress
+from jaxckpt.train._progress import SkipCounter, memory_text, train_progress
 from jaxckpt.train._run_data import DataOptions, run_data
 from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
 
@@ -260,8 +260,8 @@ def train(
     if resume:
         saved = read_meta(directory)
         _check_resumable(saved, meta, directory)
-        start, restored = restore_checkpoint(directory, trainer.state)
-        trainer.state = trainer.placed(restored)  # the offloaded optimizer state back in host memory
+        # orbax restores into trainer.state's shardings, memory kinds (offload) included
+        start, trainer.state = restore_checkpoint(directory, trainer.state)
         state = run.resume(saved, start)
     run.sources = _tokenizer_sources(tokenizer, init_from, tok)
     records = run.steps(start, steps, state, progress, memory, checkpoint_every, eval_every)
@@ -347,7 +347,7 @@ class _Run:
         stream = self.feed.iterate(start, state)
         shape = jax.tree.leaves(self.feed.first)[0].shape
         tokens_per_step = shape[0] * shape[1] * (shape[2] - (self.feed.kind == "windows"))
-        skips = _SkipCounter(self.trainer)
+        skips = SkipCounter(self.trainer)
         with train_progress(steps, start, progress and is_primary()) as update:
             for step in range(start, steps):
                 batch, state = next(stream)
@@ -395,29 +395,6 @@ class _Run:
     def data_report(self) -> dict:
         """``{"kind", "tokenizer", **counts}`` of the run's data."""
         return {"kind": self.feed.kind, "tokenizer": self.meta["tokenizer"], **self.feed.stats}
-
-
-class _SkipCounter:
-    """Each step's ``{"skipped", "loss_scale"}``, read from the trainer's loss scaler (no
-    device read without loss scaling or a non-finite skip)."""
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        self.reads = trainer.loss_scale_mode != "none" or trainer.skips_nonfinite
-        self.state = trainer.loss_scale() if self.reads else {"skipped_steps": 0, "scale": None}
-
-    def after_step(self) -> dict:
-        if not self.reads:
-            return {"skipped": False, "loss_scale": None}
-        before, self.state = self.state["skipped_steps"], self.trainer.loss_scale()
-        return {"skipped": self.state["skipped_steps"] > before, "loss_scale": self.state["scale"]}
-
-    def text(self) -> str:
-        """``"scale 32768, skipped 2"`` for the progress bar ('' without loss scaling)."""
-        if not self.reads:
-            return ""
-        scale = self.state["scale"]
-        return ("" if scale is None else f"scale {scale:g}, ") + f"skipped {self.state['skipped_steps']}"
 
 
 def _copy_tokenizer(source: Path, directory: Path) -> None:

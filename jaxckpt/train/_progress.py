@@ -54,3 +54,26 @@ def train_progress(total: int, start: int, enabled: bool = True):
             )
 
         yield update
+
+
+class SkipCounter:
+    """Each step's ``{"skipped", "loss_scale"}`` and the progress bar's text, read from a
+    ``Trainer``'s loss scaler (no device read without loss scaling or a non-finite skip)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.reads = trainer.loss_scale_mode != "none" or trainer.skips_nonfinite
+        self.state = trainer.loss_scale() if self.reads else {"skipped_steps": 0, "scale": None}
+
+    def after_step(self) -> dict:
+        if not self.reads:
+            return {"skipped": False, "loss_scale": None}
+        before, self.state = self.state["skipped_steps"], self.trainer.loss_scale()
+        return {"skipped": self.state["skipped_steps"] > before, "loss_scale": self.state["scale"]}
+
+    def text(self) -> str:
+        """``"scale 32768, skipped 2"`` for the progress bar ('' without loss scaling)."""
+        if not self.reads:
+            return ""
+        scale = self.state["scale"]
+        return ("" if scale is None else f"scale {scale:g}, ") + f"skipped {self.state['skipped_steps']}"

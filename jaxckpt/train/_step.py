@@ -307,14 +307,10 @@ class Trainer:
             self.shardings = state_shardings(self.state, mesh)
         if self.optimizer.offload:
             self.shardings = offload_shardings(self.state, self.shardings)
-        self.state = self.placed(self.state)
+        if self.shardings is not None:
+            self.state = put_global(self.state, self.shardings)
         self._step = jit_train_step(self.graphdef, self.spec, self.shardings, mesh, seed)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
-
-    def placed(self, state: nnx.State) -> nnx.State:
-        """``state`` (the trainer's, or one restored from a checkpoint) where the trainer
-        keeps it: split over the mesh, the optimizer state in host memory with offload."""
-        return state if self.shardings is None else put_global(state, self.shardings)
 
     def step(self, batch) -> jax.Array:
         """Runs one step on ``batch [M, B, T + 1]`` (or a ``PackedBatch``) and returns its
