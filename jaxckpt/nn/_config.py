@@ -32,6 +32,7 @@ activation and position scheme it uses unless overridden. Everything else a fami
 needs (q/k norm, soft caps, the layer pattern...) is a field of its own."""
 
 DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes a config computes (``dtype``) and stores (``param_dtype``) in."""
 QUANTIZATIONS = ("nf4", "int8")
 """``quantize_base`` choices: 4-bit NormalFloat (QLoRA's) and 8-bit integers, per-block scales."""
 _DERIVED = ("n_kv_heads", "head_dim", "norm", "activation", "positions", "attention_out_bias")

@@ -82,7 +82,18 @@ _DEFAULT_INIT = jax.nn.initializers.lecun_normal()
 
 class QuantizedBase(nnx.Variable):
     """A quantized base kernel's codes or scales: frozen, not an ``nnx.Param`` (no
-    gradient, no optimizer state), with logical axes so FSDP shards it."""
+    gradient, no optimizer state), with logical axes so FSDP shards it.
+
+    Example:
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, lora=4, quantize_base="nf4")
+        >>> model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
+        >>> sorted(nnx.state(model.blocks.attn.q_proj, QuantizedBase))  # the base kernel, stored
+        ['kernel_codes', 'kernel_scales']
+        >>> sorted(nnx.state(model.blocks.attn.q_proj, nnx.Param))  # what trains
+        ['lora']
+    """
 
 
 def _blocks(w: jax.Array, block: int) -> jax.Array:

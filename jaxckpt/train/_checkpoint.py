@@ -10,6 +10,10 @@ from flax import nnx
 
 META = "jaxckpt.json"
 
+ADDED_STATE = ("loss_scaler",)
+"""State that a newer jaxckpt keeps and older checkpoints lack (the optimizer's loss
+scaler): restoring such a checkpoint keeps the target's initial values for it."""
+
 MAX_TO_KEEP = 3
 """How many of a directory's newest checkpoints are kept (older ones are deleted)."""
 
@@ -93,10 +97,23 @@ def restore_checkpoint(
         )
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(like))
     with _manager(directory) as manager:
-        restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        try:
+            restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except ValueError:
+            older = _without(abstract, ADDED_STATE)
+            if older == abstract:
+                raise
+            restored = manager.restore(step, args=ocp.args.StandardRestore(older))
     state = jax.tree.map(lambda x: x, like)
     nnx.replace_by_pure_dict(state, restored)
     return step, state
+
+
+def _without(tree: dict, names: tuple[str, ...]) -> dict:
+    """``tree`` without its subtrees under any key in ``names``, at any depth."""
+    if not isinstance(tree, dict):
+        return tree
+    return {k: _without(v, names) for k, v in tree.items() if k not in names}
 
 
 def read_meta(directory: str | os.PathLike) -> dict:

@@ -11,6 +11,7 @@ from flax import nnx
 from jaxckpt._plugins import MODEL_SOURCES, plugin
 from jaxckpt.nn import Transformer, TransformerConfig, from_params
 from jaxckpt.train._checkpoint import META, read_meta, restore_checkpoint
+from jaxckpt.train._optimizers import OptimizerConfig
 from jaxckpt.train._step import Trainer
 
 PARAMS_KIND = "params"
@@ -136,8 +137,9 @@ def initial_model(
     parameters, cast to ``config.param_dtype``. No random initialisation is done then,
     but for LoRA adapters (``config.lora``) put on a base that has none: those start
     from ``seed``.
-    ``optimizer`` (an ``OptimizerConfig``) shapes the optimizer state a trained
-    checkpoint is read into.
+    A trained checkpoint's state is read with the optimizer it was trained with (its
+    ``jaxckpt.json``); ``optimizer`` (an ``OptimizerConfig``) stands in for one that
+    recorded none.
 
     Raises:
         ValueError: when the stored model differs from ``config`` in anything but remat,
@@ -165,6 +167,9 @@ def initial_model(
         abstract = nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
         params = nnx.to_pure_dict(restore_checkpoint(path, abstract)[1])
     else:
+        # The checkpoint's own optimizer shapes its state (older ones saved none: the run's).
+        saved = read_meta(path).get("optimizer")
+        optimizer = optimizer if saved is None else OptimizerConfig.from_dict({**saved, "offload": False})
         trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
         _, state = restore_checkpoint(path, trainer.state)
         return nnx.merge(trainer.graphdef, state)[0]
