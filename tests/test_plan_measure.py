@@ -41,7 +41,8 @@ def test_optimizer_state_sizes():
         name: plan.measure(plan.Workload(CONFIG, batch=1, seq=8, optimizer=name), remat="full").optimizer
         for name in plan.OPTIMIZERS
     }
-    assert sizes["sgd"] < sizes["adafactor"] < sizes["adamw"]
+    # SGD keeps jaxckpt train's momentum; Adafactor factors no dimension this small (optax: < 128)
+    assert max(sizes["sgd"], sizes["adafactor"]) < 0.6 * sizes["adamw"]
 
 
 @pytest.mark.slow

@@ -178,12 +178,23 @@ def test_solver_never_recomputes_more_than_by_cost_at_its_budget():
 
 
 def test_what_would_fit_is_predicted_for_the_workload_it_names():
-    """Each hint is a workload whose full-remat prediction fits (a shorter ``seq`` is a shorter
-    sequence: the hint for ``seq=64`` is not checked at another batch)."""
+    """Each hint is a workload whose full-remat prediction fits, with that peak (a shorter
+    ``seq`` is a shorter sequence: the hint for ``seq=64`` is not checked at another batch);
+    LoRA and QLoRA are named with their peaks even where they do not fit alone."""
     workload, limit = plan.Workload(nn.TransformerConfig.preset("tiny"), 8, 256), 24 * 2**20
     message = _infeasible_message(workload, limit, smallest=limit + 1)
-    hints = message.split("What would fit: ")[1]
-    assert hints == "batch=1 micro_batches=8 (same tokens per step); seq=64; devices=4 (FSDP: mesh=fsdp=4)"
-    fits = lambda **changes: plan.predict(workload.replace(**changes), "full").total <= limit
-    assert fits(batch=1, micro_batches=8) and fits(seq=64) and fits(devices=4)
-    assert not fits(seq=128) and not fits(devices=2)
+    fits, short = message.split("What would fit: ")[1].split(". Not enough alone: ")
+    peak = lambda **changes: plan.predict(workload.replace(**changes), "full").total
+    split = plan.format_bytes(peak(batch=1, micro_batches=8))
+    assert fits == (
+        f"batch=1 micro_batches=8 (same tokens per step) at {split}; "
+        f"seq=64 at {plan.format_bytes(peak(seq=64))}; "
+        f"devices=4 (FSDP: mesh=fsdp=4) at {plan.format_bytes(peak(devices=4))}"
+    )
+    assert peak(batch=1, micro_batches=8) <= limit and peak(seq=64) <= limit and peak(devices=4) <= limit
+    assert peak(seq=128) > limit and peak(devices=2) > limit
+    lora = workload.config.replace(lora=16, param_dtype="bfloat16")
+    assert f"lora=16 at {plan.format_bytes(peak(config=lora))}" in short
+    qlora = lora.replace(quantize_base="nf4")
+    assert f"lora=16 quantize_base=nf4 at {plan.format_bytes(peak(config=qlora))}" in short
+    assert peak(config=qlora) < peak(config=lora) and peak(config=lora) > limit

@@ -11,8 +11,12 @@ Example:
     measured; the chosen row is starred; the caption gives the budget and minimum)
 
     $ jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910
-    (every row needs about 125 GiB against 29.80 GiB: the table, then the smallest peak
-    and what would fit on stderr, exit status 1)
+    (full AdamW: every row needs over 100 GiB against 29.80 GiB: the table, then the
+    smallest peak and what would fit, LoRA and QLoRA among it, on stderr, exit status 1)
+
+    $ jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910 --lora 16
+    (the adapters alone train, the base frozen in float16, the Ascend 910's 16-bit type:
+    the chosen spec fits, with XLA's measured peak; --quantize-base nf4 for QLoRA)
 
     $ jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910 --devices 8
     (the same rows per device under 8-way FSDP; the chosen spec compiled over 8
@@ -28,14 +32,21 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from jaxckpt import nn, plan
+from jaxckpt import nn, plan, remat
 from jaxckpt.cli._flags import FLAGS, flag_message
 
-PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"} | {d: d for d in nn.DTYPES}
 """``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
 
-PLAN_FLAGS = {"mesh": "jaxckpt train --mesh"}
-"""Names whose flag is another command's here (``jaxckpt.cli._flags.FLAGS`` has the rest)."""
+PLAN_FLAGS = {
+    "mesh": "jaxckpt train --mesh",
+    "lora": "--lora",
+    "quantize_base": "--quantize-base",
+    "moments_dtype": "--moments-dtype",
+    "optimizer_placement": "--offload-optimizer",
+}
+"""Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
+has the rest)."""
 
 
 _SIZE_COLUMNS = (
@@ -102,24 +113,92 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--optimizer", default="adamw", choices=list(plan.OPTIMIZERS), help="default: adamw")
     p.add_argument(
-        "--param-dtype", choices=list(PARAM_DTYPES), help="parameter storage dtype; default: the model's"
+        "--moments-dtype",
+        choices=[d for d in plan.MOMENTS_DTYPES if d],
+        help="dtype of the optimizer state; default: the trained parameters' (as jaxckpt train)",
+    )
+    p.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="the optimizer state in host memory, streamed leaf by leaf (priced at the device's host link)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=nn.DTYPES,
+        help="compute dtype; default: the model's, in --device's 16-bit type (float16 on ascend-910)",
+    )
+    p.add_argument(
+        "--param-dtype",
+        choices=list(PARAM_DTYPES),
+        help="parameter storage dtype; default: the model's (with --lora: bfloat16; or --device's 16-bit "
+        "type)",
+    )
+    lora = p.add_argument_group("LoRA", "plan for training low-rank adapters only (as jaxckpt train --lora)")
+    lora.add_argument("--lora", type=_positive_int, metavar="R", help="adapters of rank R on --lora-targets")
+    lora.add_argument(
+        "--lora-targets",
+        default="q,k,v,o",
+        help=f"comma-separated projections to adapt, of {','.join(nn.LORA_TARGETS)} (default q,k,v,o)",
+    )
+    lora.add_argument(
+        "--quantize-base", choices=nn.QUANTIZATIONS, help="the frozen base stored quantized (QLoRA)"
     )
     p.add_argument(
         "--micro-batches", type=_positive_int, default=1, help="micro-batches accumulated per step"
     )
     p.add_argument(
+        "--split-batch",
+        action="store_true",
+        help="let the planner cut --batch into more micro-batches (same tokens per step) when it does not "
+        "fit whole",
+    )
+    p.add_argument(
         "--headroom", type=_fraction, default=0.0, help="fraction of the budget kept free (default 0)"
+    )
+    p.add_argument(
+        "--remat",
+        choices=list(remat.PRESETS),
+        help="check this preset instead of solving: its predicted and compiled peak against the budget",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(run=run, flags=PLAN_FLAGS)
 
 
+def model_config(
+    args: argparse.Namespace, device: plan.DevicePreset
+) -> tuple[nn.TransformerConfig, str | None]:
+    """The model the flags describe, and a note when the device's 16-bit type replaced bfloat16.
+
+    As ``jaxckpt train``: ``--lora`` stores the frozen base in bfloat16 unless
+    ``--param-dtype`` says otherwise. Without ``--dtype``, the model's bfloat16 becomes the
+    device's 16-bit type (``DevicePreset.in_half``: float16 on an Ascend 910).
+    """
+    overrides = {} if args.param_dtype is None else {"param_dtype": PARAM_DTYPES[args.param_dtype]}
+    if args.dtype is not None:
+        overrides["dtype"] = args.dtype
+    if args.lora is not None:
+        overrides["lora"] = nn.LoraConfig(rank=args.lora, targets=args.lora_targets)
+        overrides.setdefault("param_dtype", "bfloat16")
+    elif args.quantize_base is not None:
+        raise ValueError("--quantize-base needs --lora R: the quantized base is frozen, the adapters train")
+    overrides["quantize_base"] = args.quantize_base
+    config = nn.TransformerConfig.preset(args.model, **overrides)
+    if args.dtype is not None:
+        return config, None
+    half = device.in_half(config)
+    if half == config:
+        return config, None
+    return (
+        half,
+        f"no bfloat16 on {device.name}: planned in {device.half} (jaxckpt train --dtype {device.half})",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Plans, prints the table (or JSON); returns 0, or 1 when nothing fits the budget."""
-    overrides = {} if args.param_dtype is None else {"param_dtype": PARAM_DTYPES[args.param_dtype]}
-    config = nn.TransformerConfig.preset(args.model, **overrides)
     device = plan.device_preset(args.device or "cpu")
     budget = device.memory if args.device else args.budget
+    config, dtype_note = model_config(args, device)
     workload = plan.Workload(
         config,
         args.batch,
@@ -127,9 +206,21 @@ def run(args: argparse.Namespace) -> int:
         micro_batches=args.micro_batches,
         optimizer=args.optimizer,
         devices=args.devices,
+        moments_dtype=args.moments_dtype,
+        optimizer_placement="host" if args.offload_optimizer else "device",
     )
-    answer = plan.preset_table(workload, budget, headroom=args.headroom, device=args.device, model=args.model)
+    if args.remat is not None:
+        return check(args, workload, budget, dtype_note)
+    answer = plan.preset_table(
+        workload,
+        budget,
+        headroom=args.headroom,
+        device=args.device,
+        model=args.model,
+        split_batch=args.split_batch,
+    )
     result = answer.to_dict()
+    result["notes"] = [dtype_note] if dtype_note else []
     if answer.error is not None:  # the planner's hints name arguments: the table names flags
         result["error"] = flag_message(result["error"], {**FLAGS, **PLAN_FLAGS})
     if args.json:
@@ -141,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         console.width = max(console.width, Measurement.get(console, wide, t).maximum)  # never wrap it
         console.print(t)
         if answer.chosen is not None:
-            console.print(_chosen_line(result["chosen"]))
+            console.print(_chosen_line(result["chosen"], result["config"]))
             console.print(_attempts_line(result["attempts"]))
     if answer.error is not None:
         print(f"jaxckpt plan: {result['error']}", file=sys.stderr)
@@ -149,13 +240,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check(args: argparse.Namespace, workload: plan.Workload, budget: int, note: str | None) -> int:
+    """``--remat R``: R's predicted and XLA-measured peak against the budget; 0 when it fits, else 1."""
+    predicted, measured = plan.predict(workload, args.remat), plan.measure(workload, args.remat)
+    limit = int(budget * (1 - args.headroom))
+    result = {
+        "remat": args.remat,
+        "predicted_bytes": int(predicted.total),
+        "measured_bytes": int(measured.peak),
+        "host_bytes": int(predicted.host),
+        "usable_bytes": limit,
+        "fits": measured.peak <= limit,
+        "measured": measured.to_dict(),
+        "notes": [note] if note else [],
+        "caveat": plan.CPU_CAVEAT,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        verdict = "fits" if result["fits"] else "does not fit"
+        print(
+            f"{args.model} B={workload.batch} T={workload.seq}, remat {args.remat}: predicted "
+            f"{plan.format_bytes(predicted.total)}, XLA:CPU measured {plan.format_bytes(measured.peak)}: "
+            f"{verdict} {plan.format_bytes(limit)}" + "".join(f". {n}" for n in result["notes"])
+        )
+    return 0 if result["fits"] else 1
+
+
 def table(result: dict) -> Table:
     """The rows as a rich table; the chosen one starred, with XLA's measured peak."""
     c, rows = result["config"], result["rows"]
     micro = f" x{c['micro_batches']} micro-batches" if c["micro_batches"] > 1 else ""
-    title = (
-        f"{result['model']} B={c['batch']} T={c['seq']}{micro}, {c['optimizer']}, {c['param_dtype']} params"
-    )
+    title = f"{result['model']} B={c['batch']} T={c['seq']}{micro}, {c['optimizer']}"
+    if c["moments_dtype"]:
+        title += f" ({c['moments_dtype']} moments)"
+    if c["optimizer_placement"] == "host":
+        title += " (state in host memory)"
+    title += f", {c['param_dtype']} params, {c['dtype']} compute"
+    if c["lora"] is not None:
+        lora = c["lora"]
+        kind = f"QLoRA {c['quantize_base']}" if c["quantize_base"] else "LoRA"
+        title += f", {kind} r={lora['rank']} on {','.join(lora['targets'])}"
     if c["devices"] > 1:
         title += f"; per device, FSDP over {c['devices']} devices (B={c['batch'] // c['devices']} each)"
     budget = plan.format_bytes(result["budget_bytes"])
@@ -165,6 +290,7 @@ def table(result: dict) -> Table:
         budget += f" less {result['headroom']:.0%} headroom"
     source = "predicted" if result["minimum_source"] == "predicted" else "measured by XLA"
     notes = [
+        *result.get("notes", []),
         f"budget {budget}; smallest peak {plan.format_bytes(result['minimum_bytes'])} ({source})",
         "sizes and fits are predicted from shapes; recompute: extra FLOPs as a share of a step's",
         *(
@@ -177,6 +303,17 @@ def table(result: dict) -> Table:
         notes.append("activations equal to params are the floor: the update reuses their buffers")
     if result["offload_rows"] != "shown":
         notes.append(f"offload presets {result['offload_rows']}")
+    if c["optimizer_placement"] == "host":
+        notes.append(
+            "the optimizer state is in host memory: left out of the device's sizes (on CPU it is the "
+            "same RAM and saves nothing), its traffic priced at the host link"
+        )
+    chosen = result["chosen"]
+    if chosen is not None and chosen["micro_batches"] != c["micro_batches"]:
+        notes.append(
+            f"the rows are for the batch as given; the chosen spec is for B={chosen['batch']} "
+            f"x{chosen['micro_batches']} micro-batches (--split-batch: the whole batch fits no spec)"
+        )
     notes.append(f"XLA peaks were {result['caveat']}")
     caption = ". ".join(n[0].upper() + n[1:] for n in notes) + "."
     t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
@@ -185,7 +322,6 @@ def table(result: dict) -> Table:
         t.add_column(header, justify="right")
     for header in ("fits", "recompute", "measured"):
         t.add_column(header, justify="right")
-    chosen = result["chosen"]
     for r in result["rows"]:
         is_chosen = chosen is not None and r["remat"] == chosen["remat"]
         t.add_row(
@@ -203,7 +339,7 @@ def _percent(fraction: float) -> str:
     return "<0.1%" if 0 < fraction < 0.001 else f"{fraction:.1%}"
 
 
-def _chosen_line(chosen: dict) -> str:
+def _chosen_line(chosen: dict, config: dict) -> str:
     """One line on the chosen spec: what a solved spec keeps per layer, and XLA's peak."""
     spec, what = chosen["spec"], "a preset"
     if chosen["remat"] == "solved":
@@ -212,7 +348,10 @@ def _chosen_line(chosen: dict) -> str:
             what += f", offloads {', '.join(spec['offload'])}"
         what += ", recomputes the rest"
     peak = plan.format_bytes(chosen["measured_bytes"])
-    return f"* chosen: {chosen['remat']} ({what}); XLA:CPU measured a {peak} peak"
+    split = ""
+    if chosen["micro_batches"] != config["micro_batches"]:
+        split = f" at B={chosen['batch']} x{chosen['micro_batches']} micro-batches"
+    return f"* chosen: {chosen['remat']} ({what}){split}; XLA:CPU measured a {peak} peak"
 
 
 def _attempts_line(attempts: list[dict]) -> str:

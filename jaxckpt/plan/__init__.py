@@ -1,13 +1,15 @@
 """Memory planning: what a train step needs, predicted from shapes, measured by XLA, solved for a budget.
 
-Every entry point takes a ``Workload`` (the model, the global batch, the sequence
-length, micro-batches, optimizer and FSDP devices) and, where it asks about one, a
-remat spec:
+Every entry point takes a ``Workload`` (the model, with its LoRA adapters and quantized
+base if any; the global batch, the sequence length, micro-batches, the optimizer, its
+moments' dtype and where its state lives, where the master weights live, and FSDP
+devices) and, where it asks about one, a remat spec:
 
 * ``measure``: XLA's own figures for the compiled step (abstract inputs, nothing allocated).
 * ``predict`` / ``choice``: the analytic model (``layer_graph``: per-tag bytes and FLOPs of one layer).
-* ``plan_memory``: the cheapest remat spec under a budget, verified by ``measure``;
-  ``preset_table`` puts it next to every preset; ``resolve_auto`` answers ``remat="auto"``.
+* ``plan_memory``: the cheapest remat spec under a budget, verified by ``measure`` (and,
+  with ``split_batch``, the fewest micro-batches that fit); ``preset_table`` puts it next
+  to every preset; ``resolve_auto`` answers ``remat="auto"``.
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
 ``_devices``, ``_specs``, ``_state``, ``_layer_graph``, ``_compile``, ``_sharded``,
@@ -32,14 +34,16 @@ from jaxckpt.plan._measure import CPU_CAVEAT, measure
 from jaxckpt.plan._milp import solve
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
-from jaxckpt.plan._state import state_bytes, tree_bytes
+from jaxckpt.plan._state import state_bytes, trainable_bytes, tree_bytes, widened_bytes
 from jaxckpt.plan._table import PresetRow, PresetTable, preset_table
-from jaxckpt.plan._workload import OPTIMIZERS, Workload
+from jaxckpt.plan._workload import MOMENTS_DTYPES, OPTIMIZERS, PLACEMENTS, Workload
 
 __all__ = [
     "CPU_CAVEAT",
     "DEVICES",
+    "MOMENTS_DTYPES",
     "OPTIMIZERS",
+    "PLACEMENTS",
     "BudgetError",
     "Choice",
     "DevicePreset",
@@ -67,5 +71,7 @@ __all__ = [
     "state_bytes",
     "step_flops",
     "tag_flops_per_byte",
+    "trainable_bytes",
     "tree_bytes",
+    "widened_bytes",
 ]

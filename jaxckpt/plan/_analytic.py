@@ -3,16 +3,24 @@
 ``predict`` splits a step into the train state (params, optimizer state), the
 gradients and the activations. The activations are
 
-    n_layers x stored(spec) + max(layer working set, head working set)
+    n_layers x stored(spec) + max(layer working set, head working set) + widened
 
 where ``stored`` is what one layer keeps for its backward pass (``LayerGraph.kept``;
 one layer input per segment when ``layers_per_checkpoint > 1``, the segments cut as
 ``nn.segment_sizes`` cuts them)
 and the layer working set is the backward pass of one layer: its recomputed
-residuals, its weight-gradient slice and the cotangents in flight. With AdamW the
-update needs a params-sized buffer after the backward pass, so the activation term
-is at least that (the buffers are reused). ``korthikanti_bytes`` is the published
-baseline the model is checked against.
+residuals, its weight-gradient slice and the cotangents in flight. ``widened`` is
+XLA:CPU's float32 copy of bfloat16 weight stacks (``widened_bytes``). The optimizer
+update's own workspace (``update_workspace``: Adafactor's largest leaf) bounds the
+activation term from below; a loss-scaled (float16) step adds its unscaled gradients.
+``korthikanti_bytes`` is the published baseline the model is checked against.
+
+Under LoRA (``config.lora``) the params are the frozen base (in its storage dtype, or
+its quantized codes and scales) plus the adapters; the gradients and the optimizer
+state are the adapters' alone, a layer's weight-gradient slice is its adapters', and
+the layer graph reads a projection's input only where an adapter needs it
+(``layer_graph``). Optimizer state or master weights placed in host memory are
+``Prediction.host``, off the device's total.
 
 Over ``workload.devices`` (FSDP, ``jaxckpt train --mesh fsdp=D``) each device holds its
 shards of the state and of the update and runs ``batch / D`` sequences; the output
@@ -25,7 +33,15 @@ import dataclasses
 from jaxckpt.nn import TransformerConfig, segment_sizes
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._specs import saved_tags
-from jaxckpt.plan._state import layer_param_bytes, state_bytes, update_workspace
+from jaxckpt.plan._state import (
+    layer_param_bytes,
+    layer_trainable_bytes,
+    loss_scale_bytes,
+    state_bytes,
+    trainable_bytes,
+    update_workspace,
+    widened_bytes,
+)
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -47,10 +63,13 @@ class Prediction:
     optimizer: int
     activations: int
     inputs: int
+    host: int = 0
+    """Bytes in host memory (``pinned_host``): the optimizer state or master weights placed
+    there. Not part of ``total``, the device's peak."""
 
     @property
     def total(self) -> int:
-        """Params + gradients + optimizer state + activations + the token batch."""
+        """Params + gradients + optimizer state + activations + the token batch (on the device)."""
         return self.params + self.grads + self.optimizer + self.activations + self.inputs
 
     def to_dict(self) -> dict:
@@ -71,7 +90,8 @@ def layer_working_set(workload: Workload) -> int:
     graph = layer_graph(workload)
     n, e = workload.local_tokens, config.compute_dtype.itemsize
     cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
-    return graph.working_residual_bytes() + layer_param_bytes(config) + cotangents + graph.attention_tile
+    weight_grads = layer_trainable_bytes(config)
+    return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile
 
 
 def head_working_set(workload: Workload) -> int:
@@ -105,7 +125,11 @@ def predict(workload: Workload, remat: "str | RematSpec") -> Prediction:
 
     Args:
         workload: the step. ``micro_batches > 1`` adds one gradient accumulator; over
-            ``devices`` the figures are one device's.
+            ``devices`` the figures are one device's. Under LoRA the gradients are the
+            adapters'. State placed in host memory (``optimizer_placement``,
+            ``master_placement``) is ``Prediction.host``, not part of the device's total;
+            host master weights leave their compute-dtype copy (and its gradient) on the
+            device, and the update streams leaf by leaf.
         remat: a preset name or ``RematSpec``.
 
     Raises:
@@ -131,15 +155,25 @@ def predict(workload: Workload, remat: "str | RematSpec") -> Prediction:
         if config.n_layers > k > 1:
             # a segment's backward pass slices k layers' parameters and their gradients
             # out of the stacks (measured: XLA copies both)
-            layer += 2 * k * layer_param_bytes(config) // workload.devices
+            layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.devices
     working = max(layer, head_working_set(workload))
-    grads = params * (2 if workload.micro_batches > 1 else 1)
+    widened = widened_bytes(workload)
+    if not spec.enabled:  # the stored casts are those copies
+        widened = max(0, widened - config.n_layers * weight_casts(graph, config))
+    grads = trainable_bytes(workload) * (2 if workload.micro_batches > 1 else 1)
+    host = 0
+    if workload.optimizer_placement == "host":
+        host, opt = opt, 0
+    if workload.master_placement == "host":  # the device holds a compute-dtype copy
+        half = config.compute_dtype.itemsize
+        host, params, grads = host + params, params * half // 4, grads * half // 4
     return Prediction(
         params=params,
         grads=grads,
         optimizer=opt,
-        activations=max(stored + working, update_workspace(workload)),
+        activations=max(stored + working + widened, update_workspace(workload)) + loss_scale_bytes(workload),
         inputs=workload.input_bytes,
+        host=host,
     )
 
 
@@ -167,14 +201,22 @@ def stored_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) 
     """
     n_layers = config.n_layers
     if not spec.enabled:
-        casts = graph.weights if config.compute_dtype != config.storage_dtype else 0
-        return n_layers * (graph.residual_bytes() + casts)
+        return n_layers * (graph.residual_bytes() + weight_casts(graph, config))
     k, count = segments(config, spec)
     x = graph.values["x"].nbytes
     kept = graph.stored_bytes(saved_tags(spec) - spec.offload) - x  # offloaded tags live on the host
     # a segment of k layers keeps its input; its backward pass holds its k layer inputs
     boundaries = count + (k if k > 1 else 0)
     return n_layers * kept + x * boundaries
+
+
+def weight_casts(graph: LayerGraph, config: TransformerConfig) -> int:
+    """Bytes of one layer's weights cast to the compute dtype that autodiff keeps without
+    remat: all of them when it is not the storage dtype, none for a quantized base (its
+    matmul keeps the codes and dequantizes again in the backward pass)."""
+    if config.quantize_base is not None or config.compute_dtype == config.storage_dtype:
+        return 0
+    return graph.weights
 
 
 def korthikanti_bytes(config: TransformerConfig, batch: int, seq: int, *, flash: bool) -> int:

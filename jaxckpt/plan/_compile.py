@@ -1,9 +1,17 @@
 """XLA's memory figures of the real train step, compiled in this process from abstract inputs.
 
-The step is the one ``jaxckpt.train`` runs. Over ``devices > 1`` it is the FSDP step
+The step is the one ``jaxckpt.train`` runs, over the state ``train.Trainer`` builds (its
+optimizer over ``nn.trainable``, with its loss scaler; with ``optimizer_placement="host"``
+the optimizer state in ``pinned_host`` memory). Over ``devices > 1`` it is the FSDP step
 of ``jaxckpt train --mesh fsdp=D``: the state given as ``ShapeDtypeStruct``s with the
 shardings of ``jaxckpt.train.state_shardings``, the batch split over the devices;
 XLA's memory analysis of an SPMD program describes one device. Nothing is allocated.
+
+XLA:CPU's memory analysis counts arguments placed in ``pinned_host`` among the device's
+(``host_argument_size_in_bytes`` stays 0: on CPU they are the same RAM). A device with
+its own memory holds them on the host, so ``compile_report`` moves the host-placed
+optimizer state out of the argument, output and alias figures, and the peak is the
+device's; on a backend that reports host arguments apart nothing is moved.
 """
 
 import dataclasses
@@ -13,10 +21,27 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxckpt.plan._state import abstract_train_state, state_bytes
+from jaxckpt.plan._state import abstract_train_state, state_bytes, trainable_bytes
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec
-from jaxckpt.train import MemoryReport, jit_train_step, make_mesh, memory_report, state_shardings
+from jaxckpt.train import (
+    MemoryReport,
+    jit_train_step,
+    make_mesh,
+    memory_report,
+    offload_shardings,
+    state_shardings,
+)
+
+
+def require_compilable(workload: Workload) -> None:
+    """Raises a ValueError naming the field when ``jaxckpt.train`` has no step for ``workload``
+    to compile (the analytic model still prices it: ``predict``)."""
+    if workload.master_placement == "host":
+        raise ValueError(
+            "measure: master_placement='host' is priced by predict, but jaxckpt.train keeps the master "
+            "weights on the device: there is no such step to compile; use master_placement='device'"
+        )
 
 
 @functools.lru_cache(maxsize=128)
@@ -26,23 +51,30 @@ def compile_report(workload: Workload, spec: RematSpec) -> MemoryReport:
     This process must have ``workload.devices`` devices (``jaxckpt.plan._sharded``
     compiles in a subprocess that has them otherwise).
     """
-    model, opt = abstract_train_state(workload.config, workload.optimizer)
+    require_compilable(workload)
+    model, opt = abstract_train_state(workload.config, workload.optimizer_config)
     graphdef, state = nnx.split((model, opt))
     tokens = jax.ShapeDtypeStruct(workload.input_shape, jnp.int32)
-    devices = workload.devices
-    if devices == 1:
-        step = jit_train_step(graphdef, spec)
-    else:
+    devices, mesh, shardings = workload.devices, None, None
+    if devices > 1:
         mesh = make_mesh(workload.mesh_shape, devices=jax.devices()[:devices])
         shardings = state_shardings(state, mesh)
+    host = workload.optimizer_placement == "host"
+    if host:
+        shardings = offload_shardings(state, shardings)
+    if shardings is not None:
         state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
         )
-        step = jit_train_step(graphdef, spec, shardings, mesh)
+    step = jit_train_step(graphdef, spec, shardings, mesh)
+    compiled = step.lower(state, tokens).compile()
+    report = memory_report(compiled, device_stats=False)
     params, optimizer = state_bytes(workload)
-    return dataclasses.replace(
-        memory_report(step.lower(state, tokens).compile(), device_stats=False),
-        params=params,
-        optimizer=optimizer,
-        grads=params,
-    )
+    if host and not getattr(compiled.memory_analysis(), "host_argument_size_in_bytes", 0):
+        report = dataclasses.replace(
+            report,
+            argument=report.argument - optimizer,
+            output=report.output - optimizer,
+            alias=report.alias - optimizer,
+        )
+    return dataclasses.replace(report, params=params, optimizer=optimizer, grads=trainable_bytes(workload))

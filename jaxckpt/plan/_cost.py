@@ -33,7 +33,8 @@ class Choice:
 
 
 def step_flops(workload: Workload) -> int:
-    """FLOPs of one device's share of a train step without remat: forward + backward (twice the forward).
+    """FLOPs of one device's share of a train step without remat: forward + backward (twice
+    the forward; once for a frozen matmul, which has no weight gradient).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -43,15 +44,21 @@ def step_flops(workload: Workload) -> int:
     """
     require_workload(workload, "step_flops")
     config = workload.config
+    graph = layer_graph(workload)
     head = 2 * workload.local_tokens * config.d_model * config.vocab_size
-    return 3 * workload.micro_batches * (config.n_layers * layer_graph(workload).forward_flops() + head)
+    # a frozen weight (LoRA's base, its head) gets its input gradient, not its own
+    layer = 3 * graph.forward_flops() - graph.frozen_flops
+    return workload.micro_batches * (config.n_layers * layer + (2 if config.lora else 3) * head)
 
 
 def choice(workload: Workload, remat: "str | RematSpec") -> Choice:
     """``remat`` with its prediction and per-step recompute FLOPs and offload bytes.
 
     ``layers_per_checkpoint = k`` recomputes each layer twice except the last of a segment.
-    Over ``workload.devices`` (FSDP) the bytes and costs are one device's.
+    Over ``workload.devices`` (FSDP) the bytes and costs are one device's. The transfer
+    bytes are the offloaded residuals' round trips and, with optimizer state (or master
+    weights) in host memory, that state read and written back once a step (``Choice.seconds``
+    prices them at the device's host link).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -62,8 +69,9 @@ def choice(workload: Workload, remat: "str | RematSpec") -> Choice:
     spec = get_remat(remat)
     pred = predict(workload, spec)
     graph = layer_graph(workload)
+    streamed = 2 * pred.host  # host-resident state comes in and goes back once a step
     if not spec.enabled:
-        return Choice(spec, pred, 0, 0)
+        return Choice(spec, pred, 0, streamed)
     n_layers, micro = workload.config.n_layers, workload.micro_batches
     tags = saved_tags(spec)
     per_layer = graph.recompute_flops(tags)
@@ -74,5 +82,5 @@ def choice(workload: Workload, remat: "str | RematSpec") -> Choice:
         spec,
         pred,
         int(micro * n_layers * (per_layer + extra)),
-        2 * micro * n_layers * offloaded,
+        2 * micro * n_layers * offloaded + streamed,
     )

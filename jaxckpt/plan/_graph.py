@@ -51,6 +51,9 @@ class LayerGraph:
             layer keeps them (the matmuls' input gradients read them) unless they are
             the scan's own input: ``predict`` counts them when the compute dtype is not
             the storage dtype.
+        frozen_flops: forward FLOPs of the projections whose weights are frozen (LoRA's
+            base): their backward pass computes the input gradient only.
+        adapted: ``(d_in, d_out)`` of each projection that carries a LoRA adapter.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -67,6 +70,8 @@ class LayerGraph:
     unkept_reads: frozenset[str] = frozenset()
     recompute_internals: int = 0
     weights: int = 0
+    frozen_flops: int = 0
+    adapted: tuple[tuple[int, int], ...] = ()
 
     def tagged(self, tags) -> frozenset[str]:
         """Names of the values carrying any of ``tags``."""

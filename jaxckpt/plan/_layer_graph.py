@@ -57,6 +57,9 @@ NORM_FLOPS = 5
 SOFTCAP_FLOPS = 3
 """Forward FLOPs per capped logit: ``cap * tanh(s / cap)``."""
 
+MLP_TARGETS = ("gate", "up", "down")
+"""The LoRA targets in the MLP (``nn.LORA_TARGETS``)."""
+
 FULL = LayerKind()
 """A layer of full attention with RoPE (when the config has RoPE): every uniform stack's kind."""
 
@@ -190,6 +193,8 @@ class _Parts:
     internals: int = 0
     held: int = 0
     weights: int = 0
+    frozen_flops: int = 0
+    adapted: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 def _projection(
@@ -202,13 +207,34 @@ def _projection(
     rows: int,
     widths: tuple[int, int],
     bias: bool,
+    target: str,
 ) -> None:
-    """``dst = src @ W (+ b)``; its weight gradient reads ``src``, its input gradient ``W``."""
+    """``dst = src @ W (+ b)``; its input gradient reads ``W``, its weight gradient ``src``.
+
+    Under LoRA (``cfg.lora``) the base ``W`` is frozen: no weight gradient, so ``src`` is
+    read only when ``target`` carries an adapter, ``dst += scale * (src @ a) @ b``, whose
+    gradients read ``src`` and the rank-r ``src @ a`` (untagged: recomputed under remat).
+    """
     d_in, d_out = widths
-    parts.weights += d_in * d_out * cfg.compute_dtype.itemsize
-    parts.values.append(Value(dst, tag, rows * d_out * cfg.compute_dtype.itemsize))
-    parts.ops.append(Op(name, (src,), (dst,), 2 * rows * d_in * d_out + (rows * d_out if bias else 0)))
-    parts.reads.add(src)
+    e = cfg.compute_dtype.itemsize
+    parts.weights += d_in * d_out * e
+    parts.values.append(Value(dst, tag, rows * d_out * e))
+    flops = 2 * rows * d_in * d_out + (rows * d_out if bias else 0)
+    if cfg.lora is None:
+        parts.ops.append(Op(name, (src,), (dst,), flops))
+        parts.reads.add(src)
+        return
+    parts.frozen_flops += flops
+    if target not in cfg.lora.targets:
+        parts.ops.append(Op(name, (src,), (dst,), flops))
+        return
+    rank = cfg.lora.rank
+    parts.values.append(Value(f"{dst}_lora", None, rows * rank * e))
+    parts.ops.append(Op(f"{name}_lora", (src,), (f"{dst}_lora",), 2 * rows * d_in * rank))
+    parts.ops.append(Op(name, (src, f"{dst}_lora"), (dst,), flops + 2 * rows * rank * d_out + rows * d_out))
+    parts.reads.update((src, f"{dst}_lora"))
+    parts.held += rows * d_out * e  # the adapter's own output and cotangent, beside the base's
+    parts.adapted.append(widths)
 
 
 def _norm(
@@ -241,7 +267,9 @@ def _attention(
     n, e, h = batch * seq, cfg.compute_dtype.itemsize, cfg.head_dim
     nh, kh = cfg.n_heads * h, cfg.n_kv_heads * h
     for name, tag, width in (("q", Tag.Q_PROJ, nh), ("k", Tag.K_PROJ, kh), ("v", Tag.V_PROJ, kh)):
-        _projection(parts, cfg, f"{name}_proj", "n1", name, tag, n, (cfg.d_model, width), cfg.attention_bias)
+        _projection(
+            parts, cfg, f"{name}_proj", "n1", name, tag, n, (cfg.d_model, width), cfg.attention_bias, name
+        )
     q, k = "q", "k"
     if cfg.qk_norm:
         _norm(parts, cfg, "q_norm", "q", "qn", n * cfg.n_heads, h)
@@ -262,7 +290,8 @@ def _attention(
     flops = sum(attention_flops(cfg, batch, seq, kind) for kind in kinds) / len(kinds)
     parts.ops.append(Op("attention", (q, k, "v"), outputs, round(flops)))
     parts.reads.update((q, k, "v", *outputs))
-    _projection(parts, cfg, "out_proj", "o", "p", Tag.OUT_PROJ, n, (nh, cfg.d_model), cfg.attention_out_bias)
+    widths = (nh, cfg.d_model)
+    _projection(parts, cfg, "out_proj", "o", "p", Tag.OUT_PROJ, n, widths, cfg.attention_out_bias, "o")
 
 
 def _score_tile(cfg: TransformerConfig, batch: int, seq: int) -> int:
@@ -283,16 +312,20 @@ def _mlp(parts: _Parts, cfg: TransformerConfig, n: int) -> None:
     d, f = cfg.d_model, cfg.ffn_dim
     act_in = ("u",)
     if cfg.activation in GATED:
-        _projection(parts, cfg, "gate", "n2", "g", Tag.MLP_GATE, n, (d, f), cfg.mlp_bias)
+        _projection(parts, cfg, "gate", "n2", "g", Tag.MLP_GATE, n, (d, f), cfg.mlp_bias, "gate")
         act_in = ("g", "u")
-    _projection(parts, cfg, "up", "n2", "u", Tag.MLP_UP, n, (d, f), cfg.mlp_bias)
+    _projection(parts, cfg, "up", "n2", "u", Tag.MLP_UP, n, (d, f), cfg.mlp_bias, "up")
     cost = ACTIVATION_COSTS[cfg.activation]
     parts.values.append(Value("a", Tag.MLP_ACT, n * f * cfg.compute_dtype.itemsize))
     parts.ops.append(Op("act", act_in, ("a",), cost.flops * n * f))
     parts.reads.update(act_in)
-    parts.internals += cost.internals * n * f * cfg.compute_dtype.itemsize
-    parts.held += cost.held * n * f * cfg.compute_dtype.itemsize
-    _projection(parts, cfg, "down", "a", "down", Tag.MLP_DOWN, n, (f, d), cfg.mlp_bias)
+    internals, held = cost.internals, cost.held
+    if cfg.lora is not None and not set(cfg.lora.targets) & set(MLP_TARGETS):
+        # a frozen MLP: no weight gradient waits on the activation's cotangents
+        internals, held = internals - min(internals, 1), held - min(held, 2)
+    parts.internals += internals * n * f * cfg.compute_dtype.itemsize
+    parts.held += held * n * f * cfg.compute_dtype.itemsize
+    _projection(parts, cfg, "down", "a", "down", Tag.MLP_DOWN, n, (f, d), cfg.mlp_bias, "down")
 
 
 @functools.lru_cache(maxsize=256)
@@ -322,4 +355,6 @@ def _layer_graph(cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[Laye
         unkept_reads=frozenset(parts.unkept),
         recompute_internals=parts.held,
         weights=parts.weights,
+        frozen_flops=parts.frozen_flops,
+        adapted=tuple(parts.adapted),
     )

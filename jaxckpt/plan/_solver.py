@@ -16,15 +16,20 @@ from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import measure
 from jaxckpt.plan._milp import solve
 from jaxckpt.plan._specs import spec_dict, spec_name
-from jaxckpt.plan._state import state_bytes
+from jaxckpt.plan._state import state_bytes, trainable_bytes
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import PRESETS, RematSpec
 from jaxckpt.train import MemoryReport
 
 MAX_ATTEMPTS = 10
 """Specs compiled at most before falling back to full remat."""
-PREDICTION_MARGIN = 0.05
-"""Specs predicted up to this fraction over the budget are compiled: they may fit."""
+PREDICTION_MARGIN = 0.10
+"""Specs predicted up to this fraction over the budget are compiled: they may fit (the
+model is within 10% of XLA)."""
+SPLITS = (2, 4, 8, 16, 32, 64)
+"""Micro-batch factors ``split_batch`` tries, in order."""
+HINT_LORA_RANK = 16
+"""The LoRA rank the "what would fit" hints price."""
 CUTS_BEFORE_TIGHTENING = 6
 """Misses after which the solver's budget is lowered by the overshoot."""
 
@@ -61,6 +66,8 @@ class MemoryPlan:
         attempts: every ``(spec, predicted, measured)`` compiled on the way.
         devices: FSDP devices planned for; every byte figure is one device's, and the
             FLOPs are one device's share of the step.
+        workload: what was planned: the one asked for, or (``split_batch``) its batch cut
+            into more micro-batches.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -80,6 +87,7 @@ class MemoryPlan:
     minimum_bytes: int
     attempts: tuple
     devices: int = 1
+    workload: Workload | None = None
 
     @property
     def recompute_fraction(self) -> float:
@@ -88,14 +96,18 @@ class MemoryPlan:
 
     def to_dict(self) -> dict:
         """The chosen spec and its figures, JSON-ready."""
-        return {
+        out = {
             "remat": self.remat,
             "spec": spec_dict(self.spec),
             "predicted_bytes": self.predicted.total,
             "measured_bytes": self.measured.peak,
+            "host_bytes": self.predicted.host,
             "recompute_flops": self.recompute_flops,
             "devices": self.devices,
         }
+        if self.workload is not None:
+            out |= {"batch": self.workload.batch, "micro_batches": self.workload.micro_batches}
+        return out
 
 
 def plan_memory(
@@ -105,6 +117,7 @@ def plan_memory(
     headroom: float = 0.0,
     device: "str | DevicePreset" = "cpu",
     offload: bool = False,
+    split_batch: bool = False,
 ) -> MemoryPlan:
     """The remat spec of least recompute whose compiled peak fits ``budget`` bytes.
 
@@ -119,7 +132,9 @@ def plan_memory(
             is per device and each candidate is compiled over D devices (``measure``).
         budget: bytes per device. headroom: the fraction of ``budget`` kept free.
         device: a ``DEVICES`` name or ``DevicePreset`` (prices recompute and offload).
-        offload: allow host offload (needs ``pinned_host`` to measure).
+        offload: allow host offload of remat residuals (needs ``pinned_host`` to measure).
+        split_batch: when no spec fits the whole batch, cut it into the fewest
+            micro-batches (``SPLITS``) that fit; ``MemoryPlan.workload`` says how.
 
     Returns:
         A ``MemoryPlan`` whose ``measured.peak <= budget * (1 - headroom)``.
@@ -142,6 +157,37 @@ def plan_memory(
         raise ValueError(f"plan_memory: headroom={headroom!r} must be in [0, 1)")
     device = device_preset(device) if isinstance(device, str) else device
     limit = int(budget * (1 - headroom))
+    try:
+        return _plan_whole(workload, budget, limit, device, offload)
+    except BudgetError as err:
+        if not split_batch:
+            raise
+        whole = err
+    for split in _splits(workload):
+        if predict(split, "full").total > limit * (1 + PREDICTION_MARGIN):
+            continue
+        try:
+            return _plan_whole(split, budget, limit, device, offload)
+        except BudgetError:
+            continue
+    raise whole
+
+
+def _splits(workload: Workload) -> list[Workload]:
+    """The workload's batch cut into ``k`` times the micro-batches, for each ``SPLITS`` factor
+    whose share is still a whole multiple of the devices."""
+    batch, micro, devices = workload.batch, workload.micro_batches, workload.devices
+    return [
+        workload.replace(batch=batch // k, micro_batches=micro * k)
+        for k in SPLITS
+        if batch % k == 0 and (batch // k) % devices == 0
+    ]
+
+
+def _plan_whole(
+    workload: Workload, budget: int, limit: int, device: DevicePreset, offload: bool
+) -> MemoryPlan:
+    """``plan_memory`` for the batch as given (no split)."""
     attempts = []
 
     def try_spec(spec: RematSpec) -> MemoryReport:
@@ -183,6 +229,7 @@ def plan_memory(
 
 def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempts) -> MemoryPlan:
     return MemoryPlan(
+        workload=workload,
         spec=c.spec,
         remat=spec_name(c.spec),
         budget=budget,
@@ -197,33 +244,65 @@ def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempt
 
 
 def _infeasible_message(workload: Workload, limit: int, smallest: int) -> str:
-    """What would fit instead: micro-batches, a shorter sequence, another optimizer, more devices."""
-    full = lambda **changes: predict(workload.replace(**changes), "full").total
+    """What would fit instead, each with its predicted peak under full remat: micro-batches,
+    a shorter sequence, another optimizer, LoRA, QLoRA, more devices; and what was tried of
+    those and would not fit alone."""
+    full = lambda w: predict(w, "full").total
+    fits, short = [], []
+
+    def offer(label: str, candidates: list[Workload]) -> None:
+        """The first candidate that fits (or the last one tried, which does not)."""
+        for name, w in candidates:
+            if full(w) <= limit:
+                fits.append(f"{name} at {format_bytes(full(w))}")
+                return
+        if candidates:
+            name, w = candidates[-1]
+            short.append(f"{name} at {format_bytes(full(w))}")
+
     batch, seq, devices, micro = workload.batch, workload.seq, workload.devices, workload.micro_batches
-    hints = []
-    for m in (2, 4, 8, 16, 32):
-        b = batch // m
-        if batch % m == 0 and b % devices == 0 and full(batch=b, micro_batches=m * micro) <= limit:
-            hints.append(f"batch={b} micro_batches={m * micro} (same tokens per step)")
-            break
-    for t in (seq // 2, seq // 4, seq // 8):
-        if t >= 1 and full(seq=t) <= limit:
-            hints.append(f"seq={t}")
-            break
-    for opt in ("adafactor", "sgd"):
-        if opt != workload.optimizer and full(optimizer=opt) <= limit:
-            hints.append(f"optimizer={opt}")
-            break
+    offer(
+        "micro-batches",
+        [
+            (f"batch={w.batch} micro_batches={w.micro_batches} (same tokens per step)", w)
+            for w in _splits(workload)
+            if w.micro_batches // micro <= 32
+        ],
+    )
+    offer("seq", [(f"seq={t}", workload.replace(seq=t)) for t in (seq // 2, seq // 4, seq // 8) if t >= 1])
+    others = [opt for opt in ("adafactor", "sgd") if opt != workload.optimizer]
+    offer("optimizer", [(f"optimizer={opt}", workload.replace(optimizer=opt)) for opt in others])
+    config = workload.config
+    if config.lora is None:
+        lora = _lora_workload(workload)
+        offer("lora", [(f"lora={HINT_LORA_RANK}", lora)])
+        offer("qlora", [(f"lora={HINT_LORA_RANK} quantize_base=nf4", _qlora_workload(lora))])
+    elif config.quantize_base is None:
+        offer("qlora", [("quantize_base=nf4", _qlora_workload(workload))])
     # FSDP splits the state, the update and the batch over the devices
     more = [d for d in (2, 4, 8, 16, 32, 64, 128, 256) if d > devices and batch % d == 0]
-    fits = next((d for d in more if full(devices=d) <= limit), None)
-    if fits is not None:
-        hints.append(f"devices={fits} (FSDP: mesh=fsdp={fits})")
-    hint = "; ".join(hints) if hints else "a larger device"
+    offer("devices", [(f"devices={d} (FSDP: mesh=fsdp={d})", workload.replace(devices=d)) for d in more])
+    hint = "; ".join(fits) if fits else "a larger device"
+    if short:
+        hint += ". Not enough alone: " + "; ".join(short)
+    hint += " (peaks predicted under full remat)"
     params, opt_bytes = state_bytes(workload)
+    grads = trainable_bytes(workload)
     where = "per device " if devices > 1 else ""
     return (
         f"no remat spec fits {format_bytes(limit)}: the smallest peak is {format_bytes(smallest)} "
-        f"{where}(params {format_bytes(params)}, gradients {format_bytes(params)}, optimizer "
+        f"{where}(params {format_bytes(params)}, gradients {format_bytes(grads)}, optimizer "
         f"{format_bytes(opt_bytes)} before any activation). What would fit: {hint}"
     )
+
+
+def _lora_workload(workload: Workload) -> Workload:
+    """The workload with rank-``HINT_LORA_RANK`` adapters on q, k, v, o and the frozen base in
+    the 16-bit compute dtype (bfloat16 for a float32 model), as ``jaxckpt train --lora``."""
+    config = workload.config
+    half = config.dtype if config.compute_dtype.itemsize == 2 else "bfloat16"
+    return workload.replace(config=config.replace(lora=HINT_LORA_RANK, param_dtype=half))
+
+
+def _qlora_workload(workload: Workload) -> Workload:
+    return workload.replace(config=workload.config.replace(quantize_base="nf4"))

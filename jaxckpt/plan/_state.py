@@ -1,9 +1,14 @@
-"""The train state's bytes on one device: params and optimizer state, whole or FSDP-split.
+"""The train state's bytes on one device: the model, its gradients and the optimizer state.
 
 Everything here comes from the abstract model (``nnx.eval_shape``): nothing is
 allocated, so it works for models far larger than this machine's memory. Over
 ``devices`` each device holds the shards ``jaxckpt.train.state_shardings`` gives it on
 an ``fsdp=D`` mesh.
+
+The model's bytes are all of its variables: with LoRA (``config.lora``) the frozen base
+(``nnx.Param``, or its quantized kernels with ``config.quantize_base``) and the adapters.
+Only the trainable variables (``nn.trainable``: the adapters alone under LoRA) have a
+gradient and optimizer state.
 """
 
 import functools
@@ -14,9 +19,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh
 
-from jaxckpt.nn import Transformer, TransformerConfig
-from jaxckpt.plan._workload import OPTIMIZERS, Workload
-from jaxckpt.train import state_shardings
+from jaxckpt.nn import Transformer, TransformerConfig, trainable
+from jaxckpt.plan._workload import OPTIMIZERS, Workload, optimizer_config
+from jaxckpt.train import OptimizerConfig, state_shardings
 
 
 def tree_bytes(tree) -> int:
@@ -30,10 +35,32 @@ def tree_bytes(tree) -> int:
     return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def abstract_train_state(config: TransformerConfig, optimizer: str = "adamw"):
-    """Abstract ``(model, nnx.Optimizer)``: their variables hold ``ShapeDtypeStruct``s.
+def _optimizer(optimizer: "str | OptimizerConfig") -> OptimizerConfig:
+    if isinstance(optimizer, OptimizerConfig):
+        return optimizer
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer={optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    return optimizer_config(optimizer)
+
+
+def build_optimizer(model: nnx.Module, optimizer: OptimizerConfig) -> nnx.Optimizer:
+    """The optimizer ``train.Trainer`` builds over ``model``: over ``nn.trainable`` only
+    (the LoRA adapters alone when ``config.lora`` is set), with the trainer's own state."""
+    build = getattr(optimizer, "build", None)
+    if build is not None:
+        return build(model)
+    return nnx.Optimizer(model, optimizer.transformation(), wrt=trainable(model.config))
+
+
+def abstract_train_state(config: TransformerConfig, optimizer: "str | OptimizerConfig" = "adamw"):
+    """Abstract ``(model, optimizer)``: their variables hold ``ShapeDtypeStruct``s.
 
     Nothing is allocated, so it works for models far larger than this machine's memory.
+    The optimizer is the trainer's (``build_optimizer``): over the trainable variables.
+
+    Args:
+        config: the model.
+        optimizer: a key of ``OPTIMIZERS`` or a ``train.OptimizerConfig``.
 
     Example:
         >>> from flax import nnx
@@ -43,13 +70,11 @@ def abstract_train_state(config: TransformerConfig, optimizer: str = "adamw"):
         >>> plan.tree_bytes(nnx.state(model, nnx.Param)) > 0
         True
     """
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer={optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    tx = OPTIMIZERS[optimizer]()
+    optimizer = _optimizer(optimizer)
 
     def build():
         model = Transformer(config, rngs=nnx.Rngs(0))
-        return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+        return model, build_optimizer(model, optimizer)
 
     return nnx.eval_shape(build)
 
@@ -79,15 +104,31 @@ def sharded_bytes(state, devices: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _state_bytes(config: TransformerConfig, optimizer: str, devices: int) -> tuple[int, int]:
+def _state_bytes(
+    config: TransformerConfig, optimizer: OptimizerConfig, devices: int
+) -> tuple[int, int, int, bool]:
+    """``(model, trainable, optimizer state)`` bytes on one device, and whether the step scales its loss."""
     model, opt = abstract_train_state(config, optimizer)
-    return sharded_bytes(nnx.state(model, nnx.Param), devices), sharded_bytes(nnx.state(opt), devices)
+    train = nnx.state(model, trainable(config))
+    scaler = getattr(opt, "loss_scaler", None)
+    return (
+        sharded_bytes(nnx.state(model), devices),
+        sharded_bytes(train, devices),
+        sharded_bytes(nnx.state(opt), devices),
+        scaler is not None and scaler.mode != "none",
+    )
+
+
+def _key(workload: Workload) -> tuple:
+    return workload.config, workload.optimizer_config, workload.devices
 
 
 def state_bytes(workload: Workload) -> tuple[int, int]:
-    """``(params, optimizer state)`` bytes on one of the workload's devices.
+    """``(params, optimizer state)`` bytes on one of the workload's devices, wherever they live.
 
-    Only ``config``, ``optimizer`` and ``devices`` matter (not the batch).
+    ``params`` is the whole model: under LoRA the frozen base (quantized or not) and the
+    adapters. The optimizer state is over the trainable variables only. Only ``config``,
+    the optimizer fields and ``devices`` matter (not the batch).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -95,33 +136,132 @@ def state_bytes(workload: Workload) -> tuple[int, int]:
         >>> params, adamw = plan.state_bytes(w)
         >>> plan.state_bytes(w.replace(devices=2))[0] * 2 == params
         True
+        >>> lora = w.replace(config=w.config.replace(lora=4))
+        >>> plan.state_bytes(lora)[1] < adamw / 10  # the adapters' moments alone
+        True
     """
-    return _state_bytes(workload.config, workload.optimizer, workload.devices)
+    model, _, opt, _ = _state_bytes(*_key(workload))
+    return model, opt
+
+
+def loss_scale_bytes(workload: Workload) -> int:
+    """Bytes the loss scaling adds to the step: with a float16 model (``train.OptimizerConfig``'s
+    ``loss_scale="auto"``) the gradients are unscaled into a second trainable-sized tree
+    (measured: a full fine-tuning of ``llama2-7b`` in float16 grows by its fp32 params).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> cfg = nn.TransformerConfig.preset("tiny", dtype="float16")
+        >>> loss_scale_bytes(plan.Workload(cfg, 2, 64)) == trainable_bytes(plan.Workload(cfg, 2, 64))
+        True
+        >>> loss_scale_bytes(plan.Workload(cfg.replace(dtype="bfloat16"), 2, 64))
+        0
+    """
+    _, train, _, scaled = _state_bytes(*_key(workload))
+    return train if scaled else 0
+
+
+def trainable_bytes(workload: Workload) -> int:
+    """Bytes of the trainable variables on one device (``nn.trainable``): one gradient's.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", lora=4), batch=2, seq=64)
+        >>> trainable_bytes(w) < plan.state_bytes(w)[0] / 10
+        True
+    """
+    return _state_bytes(*_key(workload))[1]
 
 
 @functools.lru_cache(maxsize=64)
-def _update_workspace(config: TransformerConfig, optimizer: str, devices: int) -> int:
-    if optimizer == "sgd":
-        return 0
-    model, _ = abstract_train_state(config, optimizer)
-    params = nnx.state(model, nnx.Param)
-    if optimizer == "adafactor":
-        return max(tree_bytes(leaf) for leaf in jax.tree.leaves(params))
-    return sharded_bytes(params, devices)
+def _largest_trainable_leaf(config: TransformerConfig) -> int:
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    return max(tree_bytes(leaf) for leaf in jax.tree.leaves(nnx.state(model, trainable(config))))
+
+
+def _adafactor_workspace(workload: Workload) -> int:
+    return _largest_trainable_leaf(workload.config)
+
+
+def _sgd_workspace(workload: Workload) -> int:
+    return 0
+
+
+UPDATE_WORKSPACES = {"adamw": _sgd_workspace, "adafactor": _adafactor_workspace, "sgd": _sgd_workspace}
+"""Optimizer name -> the bytes its update needs after the backward pass (see ``update_workspace``)."""
 
 
 def update_workspace(workload: Workload) -> int:
     """Bytes the optimizer update needs after the backward pass (the activations' buffers are free).
 
-    AdamW's update is one params-sized tree (on ``devices``: one device's shards);
-    Adafactor's factored update goes one parameter at a time (the largest one); SGD
-    updates in place.
+    AdamW and SGD update in place: XLA:CPU reuses the gradients' and the donated state's
+    buffers (the params-sized temporary it allocated went with the one-multiply clip,
+    ``train.clip_by_global_norm``: ``small`` at B=1, T=64 measures 406 MiB, 407 predicted
+    without it and 488 with it). Adafactor's factored update goes one parameter at a
+    time (the largest one). With the state or the master weights in host memory
+    (``optimizer_placement`` / ``master_placement="host"``) the update streams leaf by leaf:
+    one leaf's state and update (the largest) at a time.
     """
-    return _update_workspace(workload.config, workload.optimizer, workload.devices)
+    if "host" in (workload.optimizer_placement, workload.master_placement):
+        return 3 * _largest_trainable_leaf(workload.config)
+    return UPDATE_WORKSPACES[workload.optimizer](workload)
 
 
 def layer_param_bytes(config: TransformerConfig) -> int:
-    """Bytes of one layer's parameters (the embeddings and head left out)."""
-    params, _ = _state_bytes(config, "sgd", 1)
+    """Bytes of one layer's variables (the embeddings and head left out): under LoRA its
+    frozen base and its adapters."""
+    params, _, _, _ = _state_bytes(config, optimizer_config("sgd"), 1)
+    return (params - _embedding_bytes(config)) // config.n_layers
+
+
+def layer_trainable_bytes(config: TransformerConfig) -> int:
+    """Bytes of one layer's trainable variables: its weight-gradient slice (under LoRA, the
+    adapters'; the embeddings and head are frozen then)."""
+    _, train, _, _ = _state_bytes(config, optimizer_config("sgd"), 1)
+    if config.lora is not None:
+        return train // config.n_layers
+    return (train - _embedding_bytes(config)) // config.n_layers
+
+
+def _embedding_bytes(config: TransformerConfig) -> int:
     embed = config.vocab_size * config.d_model * config.storage_dtype.itemsize
-    return (params - embed * (1 if config.tie_embeddings else 2)) // config.n_layers
+    return embed * (1 if config.tie_embeddings else 2)
+
+
+WIDENED = jnp.dtype(jnp.bfloat16)
+"""The dtype XLA:CPU has no kernels for: it computes it in float32 (see ``widened_bytes``)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _widened_bytes(config: TransformerConfig, devices: int) -> int:
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    stacks = nnx.state(model)["blocks"]
+    mesh = AbstractMesh((1, devices), ("data", "fsdp"))
+    shardings = state_shardings(stacks, mesh)
+    total = 0
+    for leaf, sharding in zip(jax.tree.leaves(stacks), jax.tree.leaves(shardings), strict=True):
+        if leaf.dtype == WIDENED:
+            total += math.prod(sharding.shard_shape(leaf.shape)) * 4
+    return total
+
+
+def widened_bytes(workload: Workload) -> int:
+    """Bytes of XLA:CPU's float32 copies of the layer stacks stored in bfloat16.
+
+    XLA:CPU has no bfloat16 kernels: its float normalization runs every bfloat16 op in
+    float32, the scan's slicing of a weight stack among them, so each bfloat16 stack
+    gets a float32 copy, live through the forward and backward passes (measured on
+    ``small``: the step's temp grows by 4 bytes per bfloat16 weight). float16, which it
+    computes natively, gets none, nor would a backend with bfloat16 kernels.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> cfg = nn.TransformerConfig.preset("tiny", param_dtype="bfloat16")
+        >>> w = plan.Workload(cfg, batch=2, seq=64)
+        >>> embed_head_norm = 2 * 256 * 128 + 128  # not widened: not in the stack
+        >>> widened_bytes(w) == 2 * plan.state_bytes(w)[0] - 4 * embed_head_norm
+        True
+        >>> widened_bytes(w.replace(config=cfg.replace(param_dtype="float16")))
+        0
+    """
+    return _widened_bytes(workload.config, workload.devices)

@@ -93,8 +93,17 @@ class PresetTable:
 
     def to_dict(self) -> dict:
         """The JSON of ``jaxckpt plan --json``: the rows, the choice and its attempts (or the error)."""
-        w = self.workload
+        w, config = self.workload, self.workload.config
         size = {"optimizer": w.optimizer, "micro_batches": w.micro_batches, "devices": w.devices}
+        model = {
+            "param_dtype": config.param_dtype,
+            "dtype": config.dtype,
+            "lora": None if config.lora is None else config.lora.to_dict(),
+            "quantize_base": config.quantize_base,
+            "moments_dtype": w.moments_dtype,
+            "optimizer_placement": w.optimizer_placement,
+            "master_placement": w.master_placement,
+        }
         result = {
             "budget_bytes": int(self.budget),
             "headroom": self.headroom,
@@ -108,7 +117,7 @@ class PresetTable:
             "offload_rows": "shown" if self.offload_shown else "omitted: no pinned_host memory here",
             "model": self.model,
             "device": self.device,
-            "config": {"batch": w.batch, "seq": w.seq, "param_dtype": w.config.param_dtype, **size},
+            "config": {"batch": w.batch, "seq": w.seq, **model, **size},
         }
         if self.chosen is None:
             return {**result, "error": str(self.error)}
@@ -129,6 +138,7 @@ def preset_table(
     headroom: float = 0.0,
     device: "str | DevicePreset | None" = None,
     model: str | None = None,
+    split_batch: bool = False,
 ) -> PresetTable:
     """Every remat preset's predicted bytes and recompute, and ``plan_memory``'s answer.
 
@@ -137,6 +147,8 @@ def preset_table(
         device: the device the budget is (a ``DEVICES`` name or preset): it prices
             recompute and offload; None prices them as ``"cpu"`` and names no device.
         model: the model's preset name, carried into the report.
+        split_batch: let the planner cut the batch into micro-batches (``plan_memory``);
+            the rows stay those of the batch as given.
 
     Returns:
         A ``PresetTable``; when nothing fits, its ``chosen`` is None and ``error`` the
@@ -157,7 +169,13 @@ def preset_table(
     name = None if preset is None else preset.name
     chosen, error = None, None
     try:
-        chosen = plan_memory(workload, budget, headroom=headroom, device=preset or device_preset("cpu"))
+        chosen = plan_memory(
+            workload,
+            budget,
+            headroom=headroom,
+            device=preset or device_preset("cpu"),
+            split_batch=split_batch,
+        )
     except BudgetError as err:
         error = err
     limit = int(budget * (1 - headroom))

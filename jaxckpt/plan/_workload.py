@@ -1,36 +1,73 @@
 """``Workload``: what the planner plans for, and every per-device quantity derived from it.
 
 A workload is one train step: the model, the **global** batch ``B`` of ``[B, T]``
-sequences, the micro-batches accumulated per step, the optimizer and the FSDP
+sequences, the micro-batches accumulated per step, the optimizer (its name, the dtype
+of its moments, where its state lives), where the master weights live, and the FSDP
 devices it is split over (``jaxckpt train --mesh fsdp=D``: every device holds a
-``1/D`` share of the state and ``B / D`` sequences). The remat spec is not part of it:
-it is what the planner chooses (``measure(workload, remat)``).
+``1/D`` share of the state and ``B / D`` sequences). LoRA and the base's quantization
+are the model's (``config.lora``, ``config.quantize_base``): then only the adapters
+have gradients and optimizer state. The remat spec is not part of it: it is what the
+planner chooses (``measure(workload, remat)``).
 
 This module is the bottom of ``jaxckpt.plan``; the other modules import it.
 """
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 
 import jax
-import optax
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import OptimizerConfig, parse_mesh
 
-OPTIMIZERS = MappingProxyType(
-    {
-        "adamw": lambda: OptimizerConfig().transformation(),
-        "sgd": lambda: optax.sgd(1e-3, momentum=None),
-        "adafactor": lambda: optax.adafactor(1e-3),
-    }
-)
-"""Optimizer name -> optax transformation factory (the state size is what matters here)."""
+OPTIMIZER_NAMES = ("adamw", "adafactor", "sgd")
+"""The optimizers ``jaxckpt train --optimizer`` trains with (``train.OptimizerConfig.name``)."""
+
+MOMENTS_DTYPES = (None, "float32", "bfloat16")
+"""Storage dtypes of the optimizer's moments (``train.OptimizerConfig.moments_dtype``; None:
+the trained parameters' own, float32 for float16 ones)."""
+
+PLACEMENTS = ("device", "host")
+"""Where a part of the train state lives: device memory, or the host's (``pinned_host``)."""
+
+
+def optimizer_config(name: str = "adamw", moments_dtype: "str | None" = None, offload: bool = False):
+    """The ``train.OptimizerConfig`` that trains with ``name``: the planner sizes the state of
+    exactly the transformation the trainer builds (``OptimizerConfig.transformation``).
+
+    Example:
+        >>> optimizer_config("sgd").name
+        'sgd'
+    """
+    fields = {"name": name, "moments_dtype": moments_dtype, "offload": offload}
+    known = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    given = {k: v for k, v in fields.items() if k in known}
+    return OptimizerConfig(**given)
+
+
+def _transformation(name: str):
+    return optimizer_config(name).transformation()
+
+
+OPTIMIZERS = MappingProxyType({name: functools.partial(_transformation, name) for name in OPTIMIZER_NAMES})
+"""Optimizer name -> a factory of the optax transformation ``jaxckpt train`` builds for it."""
 
 MESH_AXES = ("data", "fsdp")
 """The mesh axes ``jaxckpt.train`` splits over; the planner models ``data=1, fsdp=D``."""
+
+
+CHOICES = MappingProxyType(
+    {
+        "optimizer": OPTIMIZER_NAMES,
+        "moments_dtype": MOMENTS_DTYPES,
+        "optimizer_placement": PLACEMENTS,
+        "master_placement": PLACEMENTS,
+    }
+)
+"""``Workload`` field -> its valid values."""
 
 
 def require_workload(workload, where: str) -> None:
@@ -53,6 +90,13 @@ class Workload:
         micro_batches: micro-batches accumulated per step (the input is ``[M, B, T + 1]``).
         optimizer: a key of ``OPTIMIZERS``.
         devices: FSDP devices (``fsdp=D``); every byte figure is then one device's.
+        moments_dtype: storage dtype of the optimizer's moments (``MOMENTS_DTYPES``; None:
+            the trained parameters' dtype, as ``jaxckpt train`` defaults).
+        optimizer_placement: ``"device"``, or ``"host"``: the optimizer state lives in host
+            memory (``pinned_host``) and the update streams it leaf by leaf.
+        master_placement: ``"device"``, or ``"host"``: the fp32 master weights of a full
+            fine-tuning (``param_dtype="float32"``, 16-bit compute) live in host memory
+            and the device holds their copy in the compute dtype.
 
     A new field is one line here (with its default); ``to_dict``, ``from_dict`` and
     ``replace`` follow the dataclass fields.
@@ -75,15 +119,26 @@ class Workload:
     micro_batches: int = 1
     optimizer: str = "adamw"
     devices: int = 1
+    moments_dtype: str | None = None
+    optimizer_placement: str = "device"
+    master_placement: str = "device"
 
     def __post_init__(self):
         if not isinstance(self.config, TransformerConfig):
             raise TypeError(f"Workload: config must be a TransformerConfig, got {type(self.config).__name__}")
         for name in ("batch", "seq", "micro_batches", "devices"):
             require_positive_int(name, getattr(self, name), "Workload: ")
-        if self.optimizer not in OPTIMIZERS:
-            valid = ", ".join(OPTIMIZERS)
-            raise ValueError(f"Workload: optimizer={self.optimizer!r} is unknown; valid: {valid}")
+        for name, valid in CHOICES.items():
+            if getattr(self, name) not in valid:
+                names = ", ".join(map(str, valid))
+                raise ValueError(f"Workload: {name}={getattr(self, name)!r} is unknown; valid: {names}")
+        if self.master_placement == "host" and not self.has_master_weights:
+            raise ValueError(
+                "Workload: master_placement='host' needs fp32 master weights of a full fine-tuning "
+                "(param_dtype='float32', a 16-bit dtype, no lora); got "
+                f"param_dtype={self.config.param_dtype!r}, "
+                f"dtype={self.config.dtype!r}, lora={self.config.lora is not None}"
+            )
         if self.batch % self.devices:
             raise ValueError(
                 f"Workload: batch={self.batch} must be a multiple of devices={self.devices}: FSDP gives "
@@ -120,6 +175,17 @@ class Workload:
                 "use mesh=fsdp=N, or pick remat= explicitly"
             )
         return cls(config, batch, seq, **fields, devices=shape["fsdp"])
+
+    @property
+    def has_master_weights(self) -> bool:
+        """Whether the trained weights are fp32 masters of a 16-bit compute (full fine-tuning)."""
+        config = self.config
+        return config.lora is None and config.param_dtype == "float32" and config.compute_dtype.itemsize == 2
+
+    @property
+    def optimizer_config(self) -> OptimizerConfig:
+        """The ``train.OptimizerConfig`` this workload trains with (name, moments, placement)."""
+        return optimizer_config(self.optimizer, self.moments_dtype, self.optimizer_placement == "host")
 
     @property
     def local_batch(self) -> int:
