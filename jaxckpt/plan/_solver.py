@@ -23,9 +23,11 @@ from jaxckpt.train import MemoryReport
 
 MAX_ATTEMPTS = 10
 """Specs compiled at most before falling back to full remat."""
-PREDICTION_MARGIN = 0.10
-"""Specs predicted up to this fraction over the budget are compiled: they may fit (the
-model is within 10% of XLA)."""
+PREDICTION_MARGIN = 0.05
+"""Specs the solver picks may be predicted up to this fraction over the budget: they may fit."""
+CHECK_MARGIN = 0.10
+"""No remat, or a split batch under full remat, is compiled when predicted up to this fraction
+over the budget (one compile each; the model is within 10% of XLA)."""
 SPLITS = (2, 4, 8, 16, 32, 64)
 """Micro-batch factors ``split_batch`` tries, in order."""
 HINT_LORA_RANK = 16
@@ -164,7 +166,7 @@ def plan_memory(
             raise
         whole = err
     for split in _splits(workload):
-        if predict(split, "full").total > limit * (1 + PREDICTION_MARGIN):
+        if predict(split, "full").total > limit * (1 + CHECK_MARGIN):
             continue
         try:
             return _plan_whole(split, budget, limit, device, offload)
@@ -205,7 +207,7 @@ def _plan_whole(
     # the limit may fit, so the search starts optimistic and lets the compiler decide.
     target = int(limit * (1 + PREDICTION_MARGIN))
     none = PRESETS["none"]
-    if predict(workload, none).total <= target and try_spec(none).peak <= limit:
+    if predict(workload, none).total <= limit * (1 + CHECK_MARGIN) and try_spec(none).peak <= limit:
         return found(none)  # no recompute at all
     excluded: list[RematSpec] = []
     for _ in range(MAX_ATTEMPTS):
@@ -216,10 +218,15 @@ def _plan_whole(
         if measured.peak <= limit:
             return found(spec)
         # The next cheapest spec is tried (a no-good cut): the plan stays the cheapest
-        # that fits. After a few misses the prediction is evidently low: ask for less.
+        # that fits. A spec the model under-predicted fits only if the next one's prediction
+        # is that much under the limit; after a few misses the prediction is evidently low:
+        # ask for less.
         excluded.append(spec)
+        predicted = predict(workload, spec).total
+        if measured.peak > predicted:
+            target = min(target, limit - (measured.peak - predicted))
         if len(excluded) >= CUTS_BEFORE_TIGHTENING:
-            target = min(target, predict(workload, spec).total) - (measured.peak - limit)
+            target = min(target, predicted) - (measured.peak - limit)
     # the prediction may be above what XLA needs: full remat settles it
     smallest = try_spec(PRESETS["full"]).peak
     if smallest <= limit:
