@@ -9,7 +9,7 @@ from jaxckpt.nn import TransformerConfig
 from jaxckpt.plan._solver import MemoryPlan, plan_memory
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import AUTO
-from jaxckpt.train import resolve_mesh
+from jaxckpt.train import OptimizerConfig, resolve_mesh
 
 
 def resolve_auto(
@@ -19,12 +19,15 @@ def resolve_auto(
     seq: int,
     micro_batches: int = 1,
     mesh=None,
+    optimizer: OptimizerConfig | None = None,
 ) -> tuple[TransformerConfig, MemoryPlan | None]:
     """``(config with remat=spec, MemoryPlan)`` for ``config.remat == "auto"``, else ``(config, None)``.
 
     The plan is for the step ``jaxckpt.train.train`` runs with the same arguments:
-    AdamW, ``micro_batches x batch`` sequences of ``seq`` tokens, under
-    ``config.budget`` bytes per device.
+    ``optimizer`` (AdamW by default), ``micro_batches x batch`` sequences of ``seq``
+    tokens, under ``config.budget`` bytes per device. A LoRA config (``config.lora``,
+    ``config.quantize_base``) is planned as it trains: the adapters alone have gradients
+    and optimizer state.
 
     Args:
         config: the model; ``remat="auto"`` needs ``budget``.
@@ -32,6 +35,8 @@ def resolve_auto(
         mesh: as given to ``train.train``: None (one device; in a multi-process run
             ``data`` over the processes), a ``jax.sharding.Mesh``, or axis sizes such
             as ``"fsdp=4"``. The planner models FSDP meshes: a ``data`` axis is refused.
+        optimizer: the ``train.OptimizerConfig`` given to ``train.train``: its name, its
+            moments' dtype and its offload are planned for.
 
     Raises:
         ValueError: for a mesh with a data axis or bad sizes (naming the argument).
@@ -47,6 +52,11 @@ def resolve_auto(
     if config.remat != AUTO:
         return config, None
     mesh = resolve_mesh(mesh)  # as train.train resolves it (the same error for too few devices)
-    workload = Workload.on_mesh(config, batch, seq, mesh, micro_batches=micro_batches)
+    fields = {"micro_batches": micro_batches}
+    if optimizer is not None:
+        placement = "host" if optimizer.offload else "device"
+        fields |= {"optimizer": optimizer.name, "moments_dtype": optimizer.moments_dtype}
+        fields["optimizer_placement"] = placement
+    workload = Workload.on_mesh(config, batch, seq, mesh, **fields)
     memory_plan = plan_memory(workload, config.budget)
     return config.replace(remat=memory_plan.spec), memory_plan
