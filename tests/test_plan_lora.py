@@ -52,7 +52,11 @@ def test_quantized_base_and_moments_dtype_size_the_state():
 
 @pytest.mark.parametrize(
     "config",
-    [LORA, LORA.replace(quantize_base="nf4"), CONFIG.replace(lora=nn.LoraConfig(rank=3, targets="q,v"))],
+    [
+        LORA,
+        LORA.replace(quantize_base="nf4"),
+        pytest.param(CONFIG.replace(lora=nn.LoraConfig(rank=3, targets="q,v")), marks=pytest.mark.slow),
+    ],
     ids=["lora-all-bf16", "qlora-nf4", "lora-qv-fp32"],
 )
 def test_lora_prediction_within_10_percent(config):
@@ -137,6 +141,7 @@ def test_frozen_weights_take_no_weight_gradient_flops():
     assert plan.step_flops(lora) < plan.step_flops(full)
 
 
+@pytest.mark.slow
 def test_the_batch_is_split_when_it_does_not_fit_whole():
     """Between the split batch's full-remat peak and the whole batch's: only micro-batches fit."""
     w = plan.Workload(CONFIG, 6, 65)

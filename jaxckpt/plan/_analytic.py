@@ -213,7 +213,15 @@ def stored_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) 
 def weight_casts(graph: LayerGraph, config: TransformerConfig) -> int:
     """Bytes of one layer's weights cast to the compute dtype that autodiff keeps without
     remat: all of them when it is not the storage dtype, none for a quantized base (its
-    matmul keeps the codes and dequantizes again in the backward pass)."""
+    matmul keeps the codes and dequantizes again in the backward pass).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> cfg = nn.TransformerConfig.preset("tiny", lora=4, param_dtype="bfloat16")
+        >>> graph = plan.layer_graph(plan.Workload(cfg, 1, 8))
+        >>> weight_casts(graph, cfg) == graph.weights, weight_casts(graph, cfg.replace(quantize_base="nf4"))
+        (True, 0)
+    """
     if config.quantize_base is not None or config.compute_dtype == config.storage_dtype:
         return 0
     return graph.weights

@@ -36,7 +36,18 @@ from jaxckpt.train import (
 
 def require_compilable(workload: Workload) -> None:
     """Raises a ValueError naming the field when ``jaxckpt.train`` has no step for ``workload``
-    to compile (the analytic model still prices it: ``predict``)."""
+    to compile (the analytic model still prices it: ``predict``).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> cfg = nn.TransformerConfig.preset("tiny", dtype="bfloat16")
+        >>> require_compilable(plan.Workload(cfg, 1, 8))  # nothing to say
+        >>> try:
+        ...     require_compilable(plan.Workload(cfg, 1, 8, master_placement="host"))
+        ... except ValueError as err:
+        ...     "no such step to compile" in str(err)
+        True
+    """
     if workload.master_placement == "host":
         raise ValueError(
             "measure: master_placement='host' is priced by predict, but jaxckpt.train keeps the master "

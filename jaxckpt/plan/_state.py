@@ -45,7 +45,16 @@ def _optimizer(optimizer: "str | OptimizerConfig") -> OptimizerConfig:
 
 def build_optimizer(model: nnx.Module, optimizer: OptimizerConfig) -> nnx.Optimizer:
     """The optimizer ``train.Trainer`` builds over ``model``: over ``nn.trainable`` only
-    (the LoRA adapters alone when ``config.lora`` is set), with the trainer's own state."""
+    (the LoRA adapters alone when ``config.lora`` is set), with the trainer's own state.
+
+    Example:
+        >>> from flax import nnx
+        >>> from jaxckpt import nn, plan
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=1, lora=2), rngs=nnx.Rngs(0))
+        >>> opt = build_optimizer(model, plan.Workload(model.config, 1, 8).optimizer_config)
+        >>> opt.wrt is nnx.LoRAParam
+        True
+    """
     build = getattr(optimizer, "build", None)
     if build is not None:
         return build(model)
