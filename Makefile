@@ -51,6 +51,7 @@ bench: setup
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_convert.py
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_finetune.py
 	$(PY) benchmarks/bench_fsdp.py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_lora.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
