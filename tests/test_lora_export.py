@@ -28,6 +28,7 @@ from safetensors.numpy import load_file  # noqa: E402
 import torch_bridge  # noqa: E402
 from jaxckpt import nn  # noqa: E402
 from jaxckpt.cli import main  # noqa: E402
+from torch_bridge._convert import unflatten  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -68,7 +69,7 @@ def _randomize_adapters(model, seed: int):
     state = nnx.state(model, nnx.LoRAParam)
     rng = np.random.default_rng(seed)
     pure = {p: rng.normal(0, 0.3, a.shape).astype(a.dtype) for p, a in _flat(nnx.to_pure_dict(state)).items()}
-    nnx.replace_by_pure_dict(state, _unflat(pure))
+    nnx.replace_by_pure_dict(state, unflatten(pure))
     nnx.update(model, state)
     return model
 
@@ -77,17 +78,6 @@ def _flat(tree, prefix=""):
     out = {}
     for k, v in tree.items():
         out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
-    return out
-
-
-def _unflat(flat):
-    out = {}
-    for path, leaf in flat.items():
-        *parents, last = path.split(".")
-        node = out
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[last] = leaf
     return out
 
 
