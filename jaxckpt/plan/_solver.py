@@ -218,15 +218,13 @@ def _plan_whole(
         if measured.peak <= limit:
             return found(spec)
         # The next cheapest spec is tried (a no-good cut): the plan stays the cheapest
-        # that fits. A spec the model under-predicted fits only if the next one's prediction
-        # is that much under the limit; after a few misses the prediction is evidently low:
-        # ask for less.
+        # that fits. The model's error differs from spec to spec (the same tiny step is
+        # under-predicted saving everything and over-predicted under minimal), so one miss
+        # says nothing of the next spec; after a few misses the prediction is evidently
+        # low: ask for less.
         excluded.append(spec)
-        predicted = predict(workload, spec).total
-        if measured.peak > predicted:
-            target = min(target, limit - (measured.peak - predicted))
         if len(excluded) >= CUTS_BEFORE_TIGHTENING:
-            target = min(target, predicted) - (measured.peak - limit)
+            target = min(target, predict(workload, spec).total) - (measured.peak - limit)
     # the prediction may be above what XLA needs: full remat settles it
     smallest = try_spec(PRESETS["full"]).peak
     if smallest <= limit:
