@@ -44,8 +44,7 @@ class Tag(enum.StrEnum):
     MLP_DOWN = "mlp_down"
     """Down projection of the MLP ``[B, T, D]``."""
     LINEAR_OUT = "linear_out"
-    """A quantized base projection's matmul output (a ``custom_vjp`` hides that dot from
-    ``dots_with_no_batch_dims_saveable``, so ``save_dots`` saves this tag instead)."""
+    """Every dense projection's matmul output, before its bias (what ``save_dots`` saves)."""
 
 
 PROJECTIONS = frozenset(

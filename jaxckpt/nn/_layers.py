@@ -6,6 +6,7 @@ from flax import nnx
 
 from jaxckpt.nn._choices import Norm
 from jaxckpt.nn._config import TransformerConfig
+from jaxckpt.nn._dense import dense_dot_general
 from jaxckpt.nn._lora import LORA_RANK, LoraLinear
 from jaxckpt.nn._quant import QuantizedLinear
 
@@ -191,7 +192,7 @@ def make_dense(
     target: str | None = None,
 ) -> "nnx.Linear | QuantizedLinear":
     """A ``[d_in, d_out]`` projection in the config's dtypes (kernel init normal(0.02)),
-    its axes named ``axes`` (the bias: ``axes[1]``).
+    its axes named ``axes`` (the bias: ``axes[1]``); its matmul is ``dense_dot_general``.
     A ``LoraLinear`` when ``target`` (a ``LORA_TARGETS`` name) is one of ``cfg.lora``'s.
     With ``cfg.quantize_base``, every block projection (``target`` given; not the output
     head) is a ``QuantizedLinear`` of that kind, with an adapter if it is a target."""
@@ -220,6 +221,7 @@ def make_dense(
         param_dtype=cfg.storage_dtype,
         kernel_init=_named(EMBED_INIT, *axes),
         bias_init=_named(jax.nn.initializers.zeros, axes[1]),
+        dot_general=dense_dot_general,
         rngs=rngs,
     )
     if not adapted:

@@ -80,16 +80,19 @@ class Prediction:
 def layer_working_set(workload: Workload) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
-    Its recomputed residuals, its weight-gradient slice, two cotangents of width F
-    and two of width D, and one attention tile, for one device's batch. Under FSDP
-    nothing is added for the layer's gathered parameters: with it the prediction was
-    one layer's parameters over XLA's peak (small, 8 devices); without it, ``tiny``
-    and ``small`` over 2-8 devices are within 6% of XLA.
+    Its recomputed residuals, its weight-gradient slice, one cotangent of width F and
+    one of width D, and one attention tile, for one device's batch. (Before the dense
+    projections took their weight gradient from a materialised ``x^T``
+    (``nn._dense.dense_dot_general``), XLA:CPU held two of each: every family's measured
+    peak fell by one ``[n, F + D]`` pair with it, at 3,072 tokens 9.9 MiB of 130 to 870.)
+    Under FSDP nothing is added for the layer's gathered parameters: with it the
+    prediction was one layer's parameters over XLA's peak (small, 8 devices); without
+    it, ``tiny`` and ``small`` over 2-8 devices are within 6% of XLA.
     """
     config = workload.config
     graph = layer_graph(workload)
     n, e = workload.local_tokens, config.compute_dtype.itemsize
-    cotangents = 2 * n * (config.ffn_dim + config.d_model) * e
+    cotangents = n * (config.ffn_dim + config.d_model) * e
     weight_grads = layer_trainable_bytes(config)
     return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile
 

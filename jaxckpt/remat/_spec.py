@@ -41,7 +41,7 @@ class RematSpec:
             Inside a segment, ``save`` and ``offload`` still apply.
         save_dots: also save every matmul output without batch dimensions
             (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``), the dense
-            projections' included (a quantized base's: ``Tag.LINEAR_OUT``).
+            projections' included (``Tag.LINEAR_OUT``).
         enabled: ``False`` means no ``jax.checkpoint`` at all: autodiff keeps whatever
             it needs (the ``none`` preset).
 
@@ -70,8 +70,8 @@ class RematSpec:
 
     @property
     def saved_tags(self) -> frozenset[Tag]:
-        """The tags the policy keeps on device: ``save``, and ``Tag.LINEAR_OUT`` (a quantized
-        base's matmuls) under ``save_dots``.
+        """The tags the policy keeps on device: ``save``, and ``Tag.LINEAR_OUT`` (every dense
+        projection's matmul) under ``save_dots``.
 
         Example:
             >>> RematSpec(save_dots=True).saved_tags
