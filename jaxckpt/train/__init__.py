@@ -18,11 +18,12 @@ from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_
 from jaxckpt.train._distributed import initialize, is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator, evaluate
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config, source_hf_fields
-from jaxckpt.train._loop import TrainRun, train
+from jaxckpt.train._loop import train
 from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._offload import offload_shardings, stream_to_host
 from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
+from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_data import DataOptions
 from jaxckpt.train._sharding import (
     LOGICAL_AXIS_RULES,

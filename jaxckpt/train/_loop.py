@@ -1,6 +1,5 @@
 """``train``: data, trainer, checkpoints and progress put together."""
 
-import dataclasses
 import os
 import shutil
 import time
@@ -13,70 +12,14 @@ from jaxckpt.data import ByteTokenizer, copy_tokenizer_files, tokenizer_for, tok
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
 from jaxckpt.train._checkpoint import MAX_TO_KEEP, latest_step, read_meta, restore_checkpoint, save_checkpoint
-from jaxckpt.train._compare import offload_saves_memory
 from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
-from jaxckpt.train._memory import MemoryReport, memory_report
+from jaxckpt.train._memory import memory_report
 from jaxckpt.train._progress import SkipCounter, memory_text, train_progress
+from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_data import DataOptions, run_data
 from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainRun:
-    """What ``train`` did: one record per step run, the step's memory analysis, the held-out
-    evaluations and the data's counts.
-
-    Example:
-        >>> from jaxckpt import nn, train
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
-        >>> run = train.train(cfg, steps=1, batch=2, seq=16, progress=False)
-        >>> sorted(run.to_dict())
-        ['data', 'eval', 'loss_scale', 'memory', 'optimizer', 'plan', 'skipped_steps', 'steps', 'temp_bytes']
-        >>> run.plan is None, run.skipped_steps
-        (True, 0)
-    """
-
-    steps: list[dict]
-    memory: MemoryReport
-    trainer: Trainer = dataclasses.field(repr=False)
-    plan: object = None
-    """The planner's ``MemoryPlan`` that chose ``config.remat`` (``train(..., plan=)``), else None."""
-    eval: list = dataclasses.field(default_factory=list)
-    """``[{"step", "loss", "perplexity"}]``: every evaluation on held-out data, this run's and,
-    after a resume, the earlier ones."""
-    data: dict = dataclasses.field(default_factory=dict)
-    """The data: ``{"kind": "windows" | "packed", "tokenizer", ...}`` and, for a packed
-    stream, its counts (documents, split documents, packing efficiency, ...)."""
-    skipped_steps: int = 0
-    """Steps skipped for a non-finite loss or gradients (float16 loss scaling), this run's
-    and, after a resume, the earlier ones."""
-    loss_scale: "float | None" = None
-    """The loss scale after the last step (None without loss scaling)."""
-
-    def to_dict(self) -> dict:
-        """``{"steps": [{"step", "loss", "step_seconds", "skipped", "loss_scale"}], "temp_bytes",
-        "memory", "plan", "eval", "data", "skipped_steps", "loss_scale", "optimizer"}``
-        (``optimizer``: ``OptimizerConfig.to_dict()``, and with ``offload`` whether it saves
-        device memory here, ``offload_saves_memory``: False on CPU)."""
-        return {
-            "steps": self.steps,
-            "temp_bytes": self.memory.temp,
-            "memory": self.memory.to_dict(),
-            "plan": None if self.plan is None else self.plan.to_dict(),
-            "eval": self.eval,
-            "data": self.data,
-            "skipped_steps": self.skipped_steps,
-            "loss_scale": self.loss_scale,
-            "optimizer": self.optimizer_report(),
-        }
-
-    def optimizer_report(self) -> dict:
-        """The optimizer's settings, and with offload ``offload_saves_memory``."""
-        settings = self.trainer.optimizer
-        extra = {"offload_saves_memory": offload_saves_memory()} if settings.offload else {}
-        return {**settings.to_dict(), "loss_scale_mode": self.trainer.loss_scale_mode, **extra}
 
 
 def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -> None:
