@@ -44,6 +44,7 @@ PLAN_FLAGS = {
     "quantize_base": "--quantize-base",
     "moments_dtype": "--moments-dtype",
     "optimizer_placement": "--offload-optimizer",
+    "master_placement": "--offload-master",
 }
 """Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
 has the rest)."""
@@ -121,6 +122,11 @@ def add_parser(sub) -> None:
         "--offload-optimizer",
         action="store_true",
         help="the optimizer state in host memory, streamed leaf by leaf (priced at the device's host link)",
+    )
+    p.add_argument(
+        "--offload-master",
+        action="store_true",
+        help="a full fine-tuning's float32 master weights in host memory, 16-bit copies on the device",
     )
     p.add_argument(
         "--dtype",
@@ -208,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         devices=args.devices,
         moments_dtype=args.moments_dtype,
         optimizer_placement="host" if args.offload_optimizer else "device",
+        master_placement="host" if args.offload_master else "device",
     )
     if args.remat is not None:
         return check(args, workload, budget, dtype_note)

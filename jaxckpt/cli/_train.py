@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             name=args.optimizer,
             moments_dtype=args.moments_dtype,
             offload=args.offload_optimizer,
+            offload_master=args.offload_master,
             loss_scale=args.loss_scale,
         ),
         tokenizer=args.tokenizer,
@@ -191,13 +192,15 @@ OPTIMIZER_FLAGS = {
     "name": "--optimizer",
     "moments_dtype": "--moments-dtype",
     "offload": "--offload-optimizer",
+    "offload_master": "--offload-master",
     "loss_scale": "--loss-scale",
 }
 """``OptimizerConfig``'s fields -> the flags that set them (for error messages)."""
 
 
 def add_optimizer_arguments(p) -> None:
-    """``--optimizer``, ``--moments-dtype``, ``--offload-optimizer`` and ``--loss-scale``."""
+    """``--optimizer``, ``--moments-dtype``, ``--offload-optimizer``, ``--offload-master`` and
+    ``--loss-scale``."""
     p.add_argument("--optimizer", choices=train.OPTIMIZERS, default="adamw", help="default: adamw")
     p.add_argument(
         "--moments-dtype",
@@ -209,6 +212,13 @@ def add_optimizer_arguments(p) -> None:
         "--offload-optimizer",
         action="store_true",
         help="keep the optimizer state in pinned host memory, updated leaf by leaf (on CPU: saves nothing)",
+    )
+    p.add_argument(
+        "--offload-master",
+        action="store_true",
+        help="keep a full fine-tuning's float32 master weights in pinned host memory (needs "
+        "--dtype bfloat16 or float16 and float32 params; the step computes with 16-bit copies; "
+        "on CPU: saves nothing)",
     )
     p.add_argument(
         "--loss-scale",
@@ -231,6 +241,9 @@ def optimizer_lines(result: dict) -> list[str]:
             else " (on CPU the same RAM as the device's: nothing saved)"
         )
         lines.append(f"optimizer state ({optimizer['name']}) offloaded to pinned_host memory{note}")
+    if optimizer.get("offload_master"):
+        note = "" if optimizer["offload_saves_memory"] else " (on CPU the same RAM: nothing saved)"
+        lines.append(f"float32 master weights in pinned_host memory, 16-bit copies on the device{note}")
     if result["loss_scale"] is not None or result["skipped_steps"]:
         scale = "" if result["loss_scale"] is None else f", loss scale {result['loss_scale']:g}"
         lines.append(f"skipped steps (non-finite gradients): {result['skipped_steps']}{scale}")

@@ -36,7 +36,7 @@ def resolve_auto(
             ``data`` over the processes), a ``jax.sharding.Mesh``, or axis sizes such
             as ``"fsdp=4"``. The planner models FSDP meshes: a ``data`` axis is refused.
         optimizer: the ``train.OptimizerConfig`` given to ``train.train``: its name, its
-            moments' dtype and its offload are planned for.
+            moments' dtype, its offload and where its master weights live are planned for.
 
     Raises:
         ValueError: for a mesh with a data axis or bad sizes (naming the argument).
@@ -57,6 +57,7 @@ def resolve_auto(
         placement = "host" if optimizer.offload else "device"
         fields |= {"optimizer": optimizer.name, "moments_dtype": optimizer.moments_dtype}
         fields["optimizer_placement"] = placement
+        fields["master_placement"] = "host" if optimizer.offload_master else "device"
     workload = Workload.on_mesh(config, batch, seq, mesh, **fields)
     memory_plan = plan_memory(workload, config.budget)
     return config.replace(remat=memory_plan.spec), memory_plan

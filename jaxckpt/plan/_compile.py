@@ -10,8 +10,9 @@ XLA's memory analysis of an SPMD program describes one device. Nothing is alloca
 XLA:CPU's memory analysis counts arguments placed in ``pinned_host`` among the device's
 (``host_argument_size_in_bytes`` stays 0: on CPU they are the same RAM). A device with
 its own memory holds them on the host, so ``compile_report`` moves the host-placed
-optimizer state out of the argument, output and alias figures, and the peak is the
-device's; on a backend that reports host arguments apart nothing is moved.
+optimizer state (and host master weights, ``master_placement="host"``) out of the
+argument, output and alias figures, and the peak is the device's; on a backend that
+reports host arguments apart nothing is moved.
 """
 
 import dataclasses
@@ -34,27 +35,6 @@ from jaxckpt.train import (
 )
 
 
-def require_compilable(workload: Workload) -> None:
-    """Raises a ValueError naming the field when ``jaxckpt.train`` has no step for ``workload``
-    to compile (the analytic model still prices it: ``predict``).
-
-    Example:
-        >>> from jaxckpt import nn, plan
-        >>> cfg = nn.TransformerConfig.preset("tiny", dtype="bfloat16")
-        >>> require_compilable(plan.Workload(cfg, 1, 8))  # nothing to say
-        >>> try:
-        ...     require_compilable(plan.Workload(cfg, 1, 8, master_placement="host"))
-        ... except ValueError as err:
-        ...     "no such step to compile" in str(err)
-        True
-    """
-    if workload.master_placement == "host":
-        raise ValueError(
-            "measure: master_placement='host' is priced by predict, but jaxckpt.train keeps the master "
-            "weights on the device: there is no such step to compile; use master_placement='device'"
-        )
-
-
 @functools.lru_cache(maxsize=128)
 def compile_report(workload: Workload, spec: RematSpec) -> MemoryReport:
     """One device's ``MemoryReport`` of the step, compiled here (once per process).
@@ -62,7 +42,6 @@ def compile_report(workload: Workload, spec: RematSpec) -> MemoryReport:
     This process must have ``workload.devices`` devices (``jaxckpt.plan._sharded``
     compiles in a subprocess that has them otherwise).
     """
-    require_compilable(workload)
     model, opt = abstract_train_state(workload.config, workload.optimizer_config)
     graphdef, state = nnx.split((model, opt))
     tokens = jax.ShapeDtypeStruct(workload.input_shape, jnp.int32)
@@ -71,21 +50,26 @@ def compile_report(workload: Workload, spec: RematSpec) -> MemoryReport:
         mesh = make_mesh(workload.mesh_shape, devices=jax.devices()[:devices])
         shardings = state_shardings(state, mesh)
     host = workload.optimizer_placement == "host"
-    if host:
-        shardings = offload_shardings(state, shardings)
+    masters = workload.master_placement == "host"
+    if host or masters:
+        shardings = offload_shardings(state, shardings, optimizer=host, masters=masters)
     if shardings is not None:
         state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
         )
-    step = jit_train_step(graphdef, spec, shardings, mesh)
+    step = jit_train_step(
+        graphdef, spec, shardings, mesh, masters=workload.optimizer_config if masters else None
+    )
     compiled = step.lower(state, tokens).compile()
     report = memory_report(compiled, device_stats=False)
     params, optimizer = state_bytes(workload)
-    if host and not getattr(compiled.memory_analysis(), "host_argument_size_in_bytes", 0):
+    on_host = (optimizer if host else 0) + (params if masters else 0)
+    if on_host and not getattr(compiled.memory_analysis(), "host_argument_size_in_bytes", 0):
+        # XLA:CPU counts host-placed arguments with the device's: take them out
         report = dataclasses.replace(
             report,
-            argument=report.argument - optimizer,
-            output=report.output - optimizer,
-            alias=report.alias - optimizer,
+            argument=report.argument - on_host,
+            output=report.output - on_host,
+            alias=report.alias - on_host,
         )
     return dataclasses.replace(report, params=params, optimizer=optimizer, grads=trainable_bytes(workload))

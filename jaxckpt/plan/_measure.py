@@ -2,7 +2,7 @@
 
 import jax
 
-from jaxckpt.plan._compile import compile_report, require_compilable
+from jaxckpt.plan._compile import compile_report
 from jaxckpt.plan._sharded import compile_in_subprocess
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
@@ -27,8 +27,9 @@ def measure(workload: Workload, remat: "str | RematSpec") -> MemoryReport:
             (FSDP, ``jaxckpt train --mesh fsdp=D``) the step is compiled over D devices
             (simulated CPU devices in a subprocess when this process has fewer) and the
             figures are one device's. With ``optimizer_placement="host"`` the optimizer
-            state is compiled in ``pinned_host`` memory and left out of the device's
-            figures (``jaxckpt.plan._compile``).
+            state (with ``master_placement="host"`` the float32 master weights) is
+            compiled in ``pinned_host`` memory and left out of the device's figures
+            (``jaxckpt.plan._compile``).
         remat: a preset name or ``RematSpec``.
 
     Returns:
@@ -36,8 +37,7 @@ def measure(workload: Workload, remat: "str | RematSpec") -> MemoryReport:
 
     Raises:
         TypeError: when ``workload`` is not a ``Workload``.
-        ValueError: for an unknown remat preset, a sequence over ``config.max_len``, or a
-            workload ``jaxckpt.train`` has no step for (``master_placement="host"``).
+        ValueError: for an unknown remat preset, or a sequence over ``config.max_len``.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -48,7 +48,6 @@ def measure(workload: Workload, remat: "str | RematSpec") -> MemoryReport:
     """
     require_workload(workload, "measure")
     spec = get_remat(remat)
-    require_compilable(workload)
     if workload.devices > len(jax.devices()):
         return compile_in_subprocess(workload, spec)
     return compile_report(workload, spec)

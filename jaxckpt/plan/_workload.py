@@ -21,7 +21,7 @@ import jax
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
-from jaxckpt.train import OptimizerConfig, parse_mesh
+from jaxckpt.train import OptimizerConfig, has_master_weights, parse_mesh
 
 OPTIMIZER_NAMES = ("adamw", "adafactor", "sgd")
 """The optimizers ``jaxckpt train --optimizer`` trains with (``train.OptimizerConfig.name``)."""
@@ -34,7 +34,12 @@ PLACEMENTS = ("device", "host")
 """Where a part of the train state lives: device memory, or the host's (``pinned_host``)."""
 
 
-def optimizer_config(name: str = "adamw", moments_dtype: "str | None" = None, offload: bool = False):
+def optimizer_config(
+    name: str = "adamw",
+    moments_dtype: "str | None" = None,
+    offload: bool = False,
+    offload_master: bool = False,
+):
     """The ``train.OptimizerConfig`` that trains with ``name``: the planner sizes the state of
     exactly the transformation the trainer builds (``OptimizerConfig.transformation``).
 
@@ -42,7 +47,12 @@ def optimizer_config(name: str = "adamw", moments_dtype: "str | None" = None, of
         >>> optimizer_config("sgd").name
         'sgd'
     """
-    fields = {"name": name, "moments_dtype": moments_dtype, "offload": offload}
+    fields = {
+        "name": name,
+        "moments_dtype": moments_dtype,
+        "offload": offload,
+        "offload_master": offload_master,
+    }
     known = {f.name for f in dataclasses.fields(OptimizerConfig)}
     given = {k: v for k, v in fields.items() if k in known}
     return OptimizerConfig(**given)
@@ -179,13 +189,17 @@ class Workload:
     @property
     def has_master_weights(self) -> bool:
         """Whether the trained weights are fp32 masters of a 16-bit compute (full fine-tuning)."""
-        config = self.config
-        return config.lora is None and config.param_dtype == "float32" and config.compute_dtype.itemsize == 2
+        return has_master_weights(self.config)
 
     @property
     def optimizer_config(self) -> OptimizerConfig:
         """The ``train.OptimizerConfig`` this workload trains with (name, moments, placement)."""
-        return optimizer_config(self.optimizer, self.moments_dtype, self.optimizer_placement == "host")
+        return optimizer_config(
+            self.optimizer,
+            self.moments_dtype,
+            self.optimizer_placement == "host",
+            self.master_placement == "host",
+        )
 
     @property
     def local_batch(self) -> int:

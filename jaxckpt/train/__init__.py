@@ -20,6 +20,7 @@ from jaxckpt.train._eval import Evaluator, evaluate
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config, source_hf_fields
 from jaxckpt.train._loop import train
 from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
+from jaxckpt.train._master import has_master_weights
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._offload import offload_shardings, stream_to_host
 from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
@@ -64,6 +65,7 @@ __all__ = [
     "default_corpus_path",
     "encode",
     "evaluate",
+    "has_master_weights",
     "initial_model",
     "initialize",
     "is_primary",

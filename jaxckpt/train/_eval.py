@@ -12,6 +12,8 @@ from jaxckpt.data import tokenizer_for, tokenizer_name
 from jaxckpt.train._distributed import put_global
 from jaxckpt.train._init import initial_model, source_config
 from jaxckpt.train._loss import PACKED_FIELDS, weighted_loss_sum
+from jaxckpt.train._master import compute_copies
+from jaxckpt.train._offload import HOST
 from jaxckpt.train._run_data import DataOptions, run_data
 from jaxckpt.train._sharding import batch_sharding
 from jaxckpt.train._step import check_seq
@@ -41,9 +43,13 @@ class Evaluator:
     def __init__(self, model: nnx.Module, mesh=None):
         self.graphdef = nnx.graphdef(model)
         self.mesh = mesh
-        self._sums = jax.jit(self._batch_sums)
+        self.compute_dtype = model.config.compute_dtype
+        self._sums = jax.jit(self._batch_sums, static_argnums=2)
 
-    def _batch_sums(self, state, batch):
+    def _batch_sums(self, state, batch, on_host: bool):
+        if on_host:  # host master weights (offload_master): compute with their device copies
+            params, rest = nnx.split_state(state, nnx.Param, ...)
+            state = nnx.merge_state(compute_copies(params, self.compute_dtype), rest)
         model = nnx.merge(self.graphdef, state)
 
         def one(carry, micro):
@@ -62,13 +68,17 @@ class Evaluator:
             ValueError: when the batches hold no weighted target.
         """
         state = nnx.state(model)
+        on_host = any(
+            getattr(getattr(leaf, "sharding", None), "memory_kind", None) == HOST
+            for leaf in jax.tree.leaves(state)
+        )
         total, count = 0.0, 0.0
         sharding = None if self.mesh is None else batch_sharding(self.mesh)
         for batch in batches:
             batch = type(batch)(*(jnp.asarray(getattr(batch, name)) for name in PACKED_FIELDS))
             if sharding is not None:
                 batch = put_global(batch, type(batch)(*[sharding] * len(PACKED_FIELDS)))
-            loss, weight = self._sums(state, batch)
+            loss, weight = self._sums(state, batch, on_host)
             total, count = total + float(loss), count + float(weight)
         if not count:
             raise ValueError("evaluate: the held-out data has no target to score")

@@ -61,7 +61,9 @@ def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
 
     def comparable(m: dict) -> dict:
         config = {k: v for k, v in m.get("config", {}).items() if k not in FREE_ON_RESUME}
-        optimizer = {k: v for k, v in m.get("optimizer", {}).items() if k not in OPTIMIZER_FREE_ON_RESUME}
+        # a field added since the checkpoint was written had its default then
+        settings = {**OptimizerConfig().to_dict(), **m["optimizer"]} if "optimizer" in m else {}
+        optimizer = {k: v for k, v in settings.items() if k not in OPTIMIZER_FREE_ON_RESUME}
         return {
             **{k: v for k, v in m.items() if k not in ("config", "optimizer") and k not in RESULTS},
             **{f"config.{k}": v for k, v in config.items()},

@@ -16,6 +16,7 @@ state among the step's arguments. Where the backend has no ``pinned_host`` memor
 
 import jax
 import optax
+from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from jaxckpt.remat import has_pinned_host
@@ -44,10 +45,11 @@ def _in_memory(tree, kind: str):
     return jax.tree.map(lambda sharding: sharding.with_memory_kind(kind), tree)
 
 
-def offload_shardings(state, shardings=None):
+def offload_shardings(state, shardings=None, *, optimizer: bool = True, masters: bool = False):
     """The shardings of a trainer's ``state`` (``nnx.split((model, optimizer))[1]``) with
-    the optimizer's ``opt_state`` in ``pinned_host`` memory and the rest (parameters, the
-    step count, the loss scaler) in device memory. ``shardings``: the state's shardings
+    the optimizer's ``opt_state`` in ``pinned_host`` memory (``optimizer``), the model's
+    parameters too (``masters``: host master weights) and the rest (the step count, the
+    loss scaler, other variables) in device memory. ``shardings``: the state's shardings
     (``state_shardings`` over a mesh); None: the first device.
 
     Example:
@@ -65,13 +67,47 @@ def offload_shardings(state, shardings=None):
         device = jax.devices()[0]
         shardings = jax.tree.map(lambda _: SingleDeviceSharding(device), state)
     out = _in_memory(shardings, DEVICE)
-    out[1]["opt_state"] = _in_memory(out[1]["opt_state"], HOST)
+    if optimizer:
+        out[1]["opt_state"] = _in_memory(out[1]["opt_state"], HOST)
+    if masters:
+        out[0] = jax.tree.map(
+            lambda v: v.replace(v.get_value().with_memory_kind(HOST)) if isinstance(v, nnx.Param) else v,
+            out[0],
+            is_leaf=lambda v: isinstance(v, nnx.Variable),
+        )
     return out
 
 
-def _to_memory(tree, kind: str):
+def to_memory(tree, kind: str):
+    """``tree`` moved to ``DEVICE`` or ``HOST`` memory (inside a jitted function)."""
     space = jax.memory.Space.Device if kind == DEVICE else jax.memory.Space.Host
     return jax.tree.map(lambda x: jax.device_put(x, space), tree)
+
+
+def _is_param_tree(treedef):
+    return lambda x: jax.tree.structure(x) == treedef
+
+
+def leaf_state(state, treedef, i: int):
+    """Parameter leaf ``i``'s slice of an optimizer ``state``: each parameter-shaped subtree
+    (``treedef``: the parameters') cut to ``[leaf i]``, the other leaves (step counts) whole."""
+    is_param_tree = _is_param_tree(treedef)
+    return jax.tree.map(
+        lambda sub: [treedef.flatten_up_to(sub)[i]] if is_param_tree(sub) else sub,
+        state,
+        is_leaf=is_param_tree,
+    )
+
+
+def merge_leaf_states(state, treedef, news: list):
+    """The state ``leaf_state``'s slices were cut from, rebuilt from their updates ``news``
+    (one per leaf, in order; the last one's step counts)."""
+    is_param_tree = _is_param_tree(treedef)
+
+    def merge(sub, *parts):
+        return treedef.unflatten([part[0] for part in parts]) if is_param_tree(sub) else parts[-1]
+
+    return jax.tree.map(merge, state, *news, is_leaf=is_param_tree)
 
 
 def stream_to_host(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
@@ -94,36 +130,20 @@ def stream_to_host(inner: optax.GradientTransformation) -> optax.GradientTransfo
     def update(updates, state, params=None, *, finite=None, **extra):
         del extra
         treedef = jax.tree.structure(updates)
-
-        def is_param_tree(x) -> bool:
-            return jax.tree.structure(x) == treedef
-
-        def leaf_state(i):
-            return jax.tree.map(
-                lambda sub: [treedef.flatten_up_to(sub)[i]] if is_param_tree(sub) else sub,
-                state,
-                is_leaf=is_param_tree,
-            )
-
         grads = treedef.flatten_up_to(updates)
         param_leaves = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
         new_updates, new_states, previous = [], [], None
         for i, (grad, param) in enumerate(zip(grads, param_leaves, strict=True)):
-            held = leaf_state(i)
+            held = leaf_state(state, treedef, i)
             if previous is not None:  # read this leaf's state after the previous leaf's update
                 held, _ = jax.lax.optimization_barrier((held, previous))
-            held = _to_memory(held, DEVICE)
+            held = to_memory(held, DEVICE)
             step, new = inner.update([grad], held, None if param is None else [param])
             if finite is not None:
                 new = keep_if_finite(finite, new, held)
-            new_states.append(_to_memory(new, HOST))
+            new_states.append(to_memory(new, HOST))
             new_updates.append(step[0])
             previous = step[0]
-
-        def merge(sub, *news):
-            return treedef.unflatten([n[0] for n in news]) if is_param_tree(sub) else news[-1]
-
-        new_state = jax.tree.map(merge, state, *new_states, is_leaf=is_param_tree)
-        return treedef.unflatten(new_updates), new_state
+        return treedef.unflatten(new_updates), merge_leaf_states(state, treedef, new_states)
 
     return optax.GradientTransformationExtraArgs(inner.init, update)

@@ -75,6 +75,11 @@ class OptimizerConfig:
         offload: keep the optimizer state in host memory (``pinned_host``) and stream the
             update leaf by leaf (``stream_to_host``). On CPU the host memory is the same RAM:
             it runs, and saves nothing. Parameters and gradients stay on the device.
+        offload_master: keep a full fine-tuning's float32 master weights in host memory
+            (``pinned_host``): the step computes with their 16-bit copies, brought over
+            leaf by leaf, and the update streams master by master (``jaxckpt.train._master``).
+            Needs float32 params with a 16-bit compute dtype and no LoRA (``Trainer``
+            checks). Saves nothing on CPU either.
         loss_scale: ``"auto"`` (dynamic for a float16 model, compute or parameters; else
             none), ``"dynamic"``, ``"none"``, or a number, a static scale. Dynamic scaling
             skips a step whose gradients are not finite (params and optimizer state
@@ -110,6 +115,7 @@ class OptimizerConfig:
     moments_dtype: str | None = None
     momentum: float = 0.9
     offload: bool = False
+    offload_master: bool = False
     loss_scale: str | float = "auto"
     loss_scale_init: float = 2.0**15
     loss_scale_period: int = 2000
@@ -156,12 +162,18 @@ class OptimizerConfig:
             return optax.linear_schedule(peak / (self.warmup_steps + 1), peak, self.warmup_steps)
         return peak
 
+    def base_transformation(self) -> optax.GradientTransformation:
+        """``OPTIMIZERS[name]`` with its state in ``moments_dtype``: what ``transformation``
+        clips before and streams (``offload``), and what the host master weights' update
+        (``offload_master``) applies leaf by leaf."""
+        return keep_state_dtypes(OPTIMIZERS[self.name](self, self.schedule()), self.moments_dtype)
+
     def transformation(self) -> optax.GradientTransformation:
         """The optax transformation: the clip, then ``OPTIMIZERS[name]`` with its state in
         ``moments_dtype`` (and streamed to host memory with ``offload``); its ``update``
         takes ``finite=`` to keep the state of a skipped step. The trainer and
         ``jaxckpt.plan`` build this same one."""
-        base = keep_state_dtypes(OPTIMIZERS[self.name](self, self.schedule()), self.moments_dtype)
+        base = self.base_transformation()
         base = stream_to_host(base) if self.offload else keep_state_if_finite(base)
         return optax.chain(clip_by_global_norm(self.clip_norm), base) if self.clip_norm else base
 

@@ -59,5 +59,6 @@ class TrainRun:
     def optimizer_report(self) -> dict:
         """The optimizer's settings, and with offload ``offload_saves_memory``."""
         settings = self.trainer.optimizer
-        extra = {"offload_saves_memory": offload_saves_memory()} if settings.offload else {}
+        offloads = settings.offload or settings.offload_master
+        extra = {"offload_saves_memory": offload_saves_memory()} if offloads else {}
         return {**settings.to_dict(), "loss_scale_mode": self.trainer.loss_scale_mode, **extra}

@@ -15,6 +15,7 @@ from jaxckpt.remat import get as get_remat
 from jaxckpt.train._distributed import put_global
 from jaxckpt.train._loss import PACKED_FIELDS, is_packed, weighted_loss_sum
 from jaxckpt.train._loss_scale import all_finite, keep_if_finite
+from jaxckpt.train._master import compute_copies, require_master_weights, step_masters
 from jaxckpt.train._offload import offload_shardings, require_host_memory
 from jaxckpt.train._optimizers import OptimizerConfig
 from jaxckpt.train._sharding import ACTIVATION_RULES, batch_sharding, replicated, state_shardings
@@ -56,6 +57,7 @@ def loss_and_grads(
     spec: RematSpec,
     dropout_key: "jax.Array | None" = None,
     loss_scale: "jax.Array | None" = None,
+    accumulate_dtype=None,
 ):
     """Mean loss and gradient over micro-batches ``batch [M, B, T + 1]``, or over a packed
     batch (``jaxckpt.data.PackedBatch``, fields ``[M, B, T]``): the mean over its weighted
@@ -70,6 +72,9 @@ def loss_and_grads(
     ``loss_scale`` (a float32 scalar): the gradients are taken of the loss times it
     (float16 gradients then keep small values) and divided by it again in float32; the
     loss returned is unscaled. A scale too large gives non-finite gradients.
+
+    ``accumulate_dtype``: the micro-batches' gradients are summed in it (None: each
+    parameter's own dtype), e.g. float32 for the 16-bit copies of host master weights.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -110,9 +115,12 @@ def loss_and_grads(
         def accumulate(carry, micro_and_index):
             micro, i = micro_and_index
             loss, grads = grad_fn(params, micro, key_of(i))
-            return jax.tree.map(jnp.add, carry, (loss, grads)), None
+            return jax.tree.map(lambda total, g: total + g.astype(total.dtype), carry, (loss, grads)), None
 
-        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+        zeros = (
+            jnp.zeros((), jnp.float32),
+            jax.tree.map(lambda p: jnp.zeros_like(p, dtype=accumulate_dtype), params),
+        )
         (loss, grads), _ = jax.lax.scan(accumulate, zeros, (batch, jnp.arange(m)))
     if loss_scale is not None:
         return _unscale(loss, grads, scale * loss_scale)
@@ -137,21 +145,34 @@ def _dropout_key(model, optimizer, seed: int) -> "jax.Array | None":
 
 
 def _train_step(
-    graphdef: nnx.GraphDef, state: nnx.State, batch: jax.Array, *, spec: RematSpec, mesh=None, seed: int = 0
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    batch: jax.Array,
+    *,
+    spec: RematSpec,
+    mesh=None,
+    seed: int = 0,
+    masters: "OptimizerConfig | None" = None,
 ):
     model, optimizer = nnx.merge(graphdef, state)
     model_def, params, rest = nnx.split(model, trainable(model.config), ...)
     key = _dropout_key(model, optimizer, seed)
     scaler = getattr(optimizer, "loss_scaler", None)  # a plain nnx.Optimizer has none
     scale = None if scaler is None or scaler.mode == "none" else scaler.scale[...]
+    accumulate = None
+    if masters is not None:  # host-memory masters: the step computes with device copies
+        params, accumulate = compute_copies(params, model.config.compute_dtype), jnp.float32
     if mesh is None:
-        loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale)
+        loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale, accumulate)
     else:  # activations split over the batch, as the tokens are
         with activation_sharding(mesh, ACTIVATION_RULES):
-            loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale)
+            loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale, accumulate)
     finite = all_finite((loss, grads))
+    skips = scaler is not None and scaler.skip_nonfinite
     with jax.numpy_dtype_promotion("standard"):  # optax mixes float and int32 (decay**count)
-        if scaler is None or not scaler.skip_nonfinite:
+        if masters is not None:
+            step_masters(model, optimizer, grads, masters, finite if skips else None)
+        elif not skips:
             optimizer.update(model, grads)
         else:
             _update_if_finite(model, optimizer, grads, finite)
@@ -169,7 +190,14 @@ def _update_if_finite(model, optimizer, grads, finite: jax.Array) -> None:
     optimizer.step[...] = jnp.where(finite, optimizer.step[...], step)
 
 
-def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh=None, seed: int = 0):
+def jit_train_step(
+    graphdef: nnx.GraphDef,
+    spec: RematSpec,
+    shardings=None,
+    mesh=None,
+    seed: int = 0,
+    masters: "OptimizerConfig | None" = None,
+):
     """The jitted step ``(state, batch [M, B, T + 1]) -> (state, loss)`` with ``state``
     donated; ``state`` is ``nnx.split((model, nnx.Optimizer))[1]``, real or abstract.
 
@@ -180,6 +208,10 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
     A ``TrainOptimizer`` (``OptimizerConfig.build``) brings its loss scaler: the loss is
     scaled and the gradients unscaled, and with ``skip_nonfinite`` a step whose loss or
     gradients are not finite leaves params and optimizer state unchanged.
+
+    ``masters`` (the ``OptimizerConfig``, with ``offload_master``): the float32 master
+    weights are in host memory (``shardings`` place them), the step computes with their
+    16-bit copies and updates them leaf by leaf (``jaxckpt.train._master``).
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -192,7 +224,7 @@ def jit_train_step(graphdef: nnx.GraphDef, spec: RematSpec, shardings=None, mesh
         >>> bool(loss > 0)
         True
     """
-    step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh, seed=seed)
+    step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh, seed=seed, masters=masters)
     if mesh is None:
         if shardings is None:
             return jax.jit(step, donate_argnums=0)
@@ -266,10 +298,15 @@ class Trainer:
     A model with LoRA adapters (``config.lora``) trains them alone: the optimizer is over
     ``nnx.LoRAParam`` (``nn.trainable``), and the base gets no gradient and no state.
     With ``optimizer.offload`` the optimizer state lives in ``pinned_host`` memory
-    (``offload_shardings``; on CPU the same RAM: nothing is saved).
+    (``offload_shardings``; on CPU the same RAM: nothing is saved), and with
+    ``optimizer.offload_master`` a full fine-tuning's float32 master weights too (the
+    model ``Trainer.model`` returns then holds them there: evaluate it through
+    ``train.Evaluator``, which computes with device copies).
 
     Raises:
-        ValueError: ``optimizer.offload`` on a device without ``pinned_host`` memory.
+        ValueError: ``optimizer.offload`` or ``offload_master`` on a device without
+            ``pinned_host`` memory, or ``offload_master`` without float32 masters of a
+            16-bit compute (``has_master_weights``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -294,7 +331,9 @@ class Trainer:
         self.config = model.config
         self.spec = get_remat(model.config.remat if remat is None else remat)
         self.optimizer = optimizer or OptimizerConfig()
-        if self.optimizer.offload:
+        if self.optimizer.offload_master:
+            require_master_weights(model.config)
+        if self.optimizer.offload or self.optimizer.offload_master:
             require_host_memory()
         opt = self.optimizer.build(model)
         self.loss_scale_mode = opt.loss_scaler.mode
@@ -305,11 +344,17 @@ class Trainer:
         self.mesh, self.shardings = mesh, None
         if mesh is not None:
             self.shardings = state_shardings(self.state, mesh)
-        if self.optimizer.offload:
-            self.shardings = offload_shardings(self.state, self.shardings)
+        if self.optimizer.offload or self.optimizer.offload_master:
+            self.shardings = offload_shardings(
+                self.state,
+                self.shardings,
+                optimizer=self.optimizer.offload,
+                masters=self.optimizer.offload_master,
+            )
         if self.shardings is not None:
             self.state = put_global(self.state, self.shardings)
-        self._step = jit_train_step(self.graphdef, self.spec, self.shardings, mesh, seed)
+        masters = self.optimizer if self.optimizer.offload_master else None
+        self._step = jit_train_step(self.graphdef, self.spec, self.shardings, mesh, seed, masters)
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
     def step(self, batch) -> jax.Array:

@@ -71,11 +71,17 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 
     def clip(updates, params=None):
         del params
-        norm = optax.tree.norm(jax.tree.map(_widen_float16, updates))
-        scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        scale = global_norm_scale(updates, max_norm)
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates)
 
     return optax.stateless(clip)
+
+
+def global_norm_scale(updates, max_norm: float) -> jax.Array:
+    """``min(1, max_norm / norm)`` for the global norm of ``updates`` (summed in float32
+    for float16 leaves): the factor ``clip_by_global_norm`` multiplies every gradient by."""
+    norm = optax.tree.norm(jax.tree.map(_widen_float16, updates))
+    return jnp.where(norm < max_norm, 1.0, max_norm / norm)
 
 
 def _stored_dtype(dtype):
