@@ -155,3 +155,17 @@ def test_the_planner_cli_prices_host_masters(capsys):
     on_host = json.loads(capsys.readouterr().out)
     assert on_device["host_bytes"] == 0 < on_host["host_bytes"]
     assert on_host["measured_bytes"] < on_device["measured_bytes"]
+
+
+def test_host_masters_shard_over_an_fsdp_mesh():
+    mesh = train.make_mesh({"data": 1, "fsdp": 4}, devices=jax.devices()[:4])
+    settings = train.OptimizerConfig(offload_master=True)
+    host = train.Trainer(nn.Transformer(BF16, rngs=nnx.Rngs(0)), optimizer=settings, mesh=mesh)
+    device = train.Trainer(nn.Transformer(BF16, rngs=nnx.Rngs(0)), mesh=mesh)
+    tokens = np.asarray(BATCH[:, :1].repeat(4, axis=1))  # 4 rows: one a device
+    losses = {
+        name: [float(t.step(tokens)) for _ in range(3)] for name, t in (("host", host), ("device", device))
+    }
+    np.testing.assert_allclose(losses["host"], losses["device"], rtol=1e-3)
+    kernel = host.state[0]["blocks"]["attn"]["q_proj"]["kernel"].get_value()
+    assert kernel.sharding.memory_kind == "pinned_host" and "fsdp" in str(kernel.sharding.spec)
