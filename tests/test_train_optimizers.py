@@ -290,3 +290,23 @@ def test_cli_says_offload_saves_nothing_on_cpu():
         "optimizer state (adamw) offloaded to pinned_host memory "
         "(on CPU the same RAM as the device's: nothing saved)"
     ]
+
+
+def test_cli_remat_auto_plans_the_optimizer_it_trains(capsys):
+    """``jaxckpt train --remat auto`` compiles the step it then runs: SGD with bf16 momentum
+    here, not the default AdamW (the plan's measured peak is the run's)."""
+    argv = ["train", "--model", "tiny", "--layers", "1", "--batch", "2", "--seq", "16", "--steps", "1"]
+    argv += [
+        "--remat",
+        "auto",
+        "--budget",
+        "1GiB",
+        "--optimizer",
+        "sgd",
+        "--moments-dtype",
+        "bfloat16",
+        "--json",
+    ]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["plan"]["measured_bytes"] == result["memory"]["peak"]

@@ -108,22 +108,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = nn.TransformerConfig.preset(args.model or "tiny", **overrides)
     sizes = dict(batch=args.batch, seq=args.seq, micro_batches=args.micro_batches)
-    # remat="auto": the planner picks the spec first (train never plans)
-    config, memory_plan = plan.resolve_auto(config, **sizes, mesh=args.mesh)
+    optimizer = train.OptimizerConfig(
+        learning_rate=args.lr,
+        name=args.optimizer,
+        moments_dtype=args.moments_dtype,
+        offload=args.offload_optimizer,
+        offload_master=args.offload_master,
+        loss_scale=args.loss_scale,
+    )
+    # remat="auto": the planner picks the spec first (train never plans), for this optimizer
+    config, memory_plan = plan.resolve_auto(config, **sizes, mesh=args.mesh, optimizer=optimizer)
     result = train.train(
         config,
         steps=args.steps,
         **sizes,
         data=args.data,
         seed=args.seed,
-        optimizer=train.OptimizerConfig(
-            learning_rate=args.lr,
-            name=args.optimizer,
-            moments_dtype=args.moments_dtype,
-            offload=args.offload_optimizer,
-            offload_master=args.offload_master,
-            loss_scale=args.loss_scale,
-        ),
+        optimizer=optimizer,
         tokenizer=args.tokenizer,
         text_per_line=args.text_per_line,
         eval_data=args.eval_data,
