@@ -17,6 +17,7 @@ from jaxckpt.train._compare import compare, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
 from jaxckpt.train._distributed import initialize, is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator, evaluate
+from jaxckpt.train._grads import loss_and_grads, next_token_loss
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config, source_hf_fields
 from jaxckpt.train._loop import train
 from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
@@ -34,7 +35,7 @@ from jaxckpt.train._sharding import (
     parse_mesh,
     state_shardings,
 )
-from jaxckpt.train._step import Trainer, jit_train_step, loss_and_grads, next_token_loss
+from jaxckpt.train._step import Trainer, jit_train_step
 from jaxckpt.train._transforms import (
     clip_by_global_norm,
     keep_state_dtypes,

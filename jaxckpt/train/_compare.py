@@ -16,8 +16,9 @@ from jaxckpt.nn import Transformer, TransformerConfig, trainable
 from jaxckpt.remat import get as get_remat
 from jaxckpt.remat import has_pinned_host
 from jaxckpt.train._data import ByteBatches, load_tokens
+from jaxckpt.train._grads import loss_and_grads
 from jaxckpt.train._memory import memory_report
-from jaxckpt.train._step import Trainer, check_seq, loss_and_grads
+from jaxckpt.train._step import Trainer, check_seq
 
 ATTENTION = {"reference": "reference", "flash": "blockwise"}
 """Row label -> ``flash_attention`` implementation. ``reference`` materialises T x S."""

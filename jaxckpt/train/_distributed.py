@@ -58,12 +58,12 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
         RuntimeError: (from JAX) when the backend has already started, or on a second call.
 
     Example:
-        Two processes with two CPU devices each (one shell per process)::
+        Two processes with two CPU devices each (one shell per process; ``process_id=1`` in
+        the other), each running, with
+        ``XLA_FLAGS=--xla_force_host_platform_device_count=2``::
 
-            XLA_FLAGS=--xla_force_host_platform_device_count=2 python -c "
-            from jaxckpt import train
-            train.initialize('127.0.0.1:1234', num_processes=2, process_id=0)  # 1 in the other
-            run = train.train(cfg, steps=10, batch=8, seq=64, mesh='data=2,fsdp=2')"
+            train.initialize('127.0.0.1:1234', num_processes=2, process_id=0)
+            run = train.train(cfg, steps=10, batch=8, seq=64, mesh='data=2,fsdp=2')
 
         >>> initialize("127.0.0.1:1234", num_processes=2, process_id=3)
         Traceback (most recent call last):
