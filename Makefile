@@ -13,7 +13,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --upgrade pip
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[torch,dev]"
+	$(PIP) install -e ".[torch,dev,gpu-aot]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,8 +1,9 @@
 """Test configuration: strict JAX numerics, hardware auto-skips, a hypothesis profile.
 
-Markers are declared in ``pyproject.toml``. Tests marked ``gpu``, ``npu`` or
-``torch`` skip themselves when that hardware or package is absent; nothing is
-ever removed with ``--ignore``.
+Markers are declared in ``pyproject.toml``. Tests marked ``gpu``, ``gpu_compile``
+(the ``gpu-aot`` extra's deviceless XLA:GPU compiler), ``npu`` or ``torch`` skip
+themselves, with the reason, when that hardware or package is absent; nothing is ever
+removed with ``--ignore``.
 """
 
 import os
@@ -30,6 +31,12 @@ import importlib.util
 import jax
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+
+from jaxckpt.plan import gpu_aot_unavailable, quiet_cuda_plugin_without_driver
+
+# With the gpu-aot extra on a machine without a GPU driver: the CPU, without the CUDA
+# plugin's start-up traceback in every test process (and in the subprocesses tests start).
+quiet_cuda_plugin_without_driver()
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update(
@@ -93,7 +100,12 @@ def _npu_missing() -> str | None:
     return None if importlib.util.find_spec("torch_npu") else "needs torch_npu (an Ascend NPU)"
 
 
-_PROBES = {"gpu": _gpu_missing, "npu": _npu_missing, "torch": _torch_missing}
+_PROBES = {
+    "gpu": _gpu_missing,
+    "gpu_compile": gpu_aot_unavailable,
+    "npu": _npu_missing,
+    "torch": _torch_missing,
+}
 
 
 def pytest_collection_modifyitems(config, items):

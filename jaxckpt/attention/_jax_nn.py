@@ -8,6 +8,7 @@ a query row that sees no key returns 0 (jax.nn returns the mean of V there).
 import jax
 import jax.numpy as jnp
 
+from jaxckpt.attention._platform import platform
 from jaxckpt.attention._reference import full_mask
 from jaxckpt.attention._validate import AttentionInputs
 
@@ -20,7 +21,7 @@ def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
     st, a = p.static, p.arrays
     q, k, v = p.query, p.key, p.value
     vis = full_mask(p)  # [B|1, N|1, T, S]
-    if q.dtype == jnp.float16 and jax.default_backend() == "cpu":
+    if q.dtype == jnp.float16 and platform() == "cpu":
         # XLA:CPU has no F16_F16_F32 dot algorithm, which jax.nn requests for float16
         # and which its gradient fails on; compute in float32 and round the output.
         q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
@@ -52,9 +53,13 @@ def jax_nn_attention(p: AttentionInputs, block_sizes, *, implementation: str):
 
 
 def cudnn_unavailable() -> str | None:
-    """None on a GPU backend, else why cuDNN attention cannot run."""
-    backend = jax.default_backend()
-    return None if backend in ("gpu", "cuda") else f"cuDNN needs a GPU backend; this one is {backend!r}."
+    """None on a GPU backend (or compiling for a GPU target), else why cuDNN attention cannot run."""
+    backend = platform()
+    return (
+        None
+        if backend == "gpu"
+        else f"cuDNN needs a GPU backend or GPU compile target; this one is {backend!r}."
+    )
 
 
 def cudnn_fits(p: AttentionInputs) -> bool:

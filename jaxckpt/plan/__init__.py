@@ -12,7 +12,7 @@ devices) and, where it asks about one, a remat spec:
   to every preset; ``resolve_auto`` answers ``remat="auto"``.
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
-``_devices``, ``_specs``, ``_state``, ``_layer_graph``, ``_compile``, ``_sharded``,
+``_devices``, ``_targets``, ``_specs``, ``_state``, ``_layer_graph``, ``_compile``, ``_sharded``,
 ``_measure``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_solver``,
 ``_table``, ``_auto``.
 
@@ -36,17 +36,29 @@ from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._state import state_bytes, trainable_bytes, tree_bytes, widened_bytes
 from jaxckpt.plan._table import PresetRow, PresetTable, preset_table
+from jaxckpt.plan._targets import (
+    AUTOTUNE_CAVEAT,
+    TARGETS,
+    GpuTarget,
+    gpu_aot_unavailable,
+    gpu_target,
+    quiet_cuda_plugin_without_driver,
+    target_devices,
+)
 from jaxckpt.plan._workload import MOMENTS_DTYPES, OPTIMIZERS, PLACEMENTS, Workload
 
 __all__ = [
+    "AUTOTUNE_CAVEAT",
     "CPU_CAVEAT",
     "DEVICES",
     "MOMENTS_DTYPES",
     "OPTIMIZERS",
     "PLACEMENTS",
+    "TARGETS",
     "BudgetError",
     "Choice",
     "DevicePreset",
+    "GpuTarget",
     "LayerGraph",
     "MemoryPlan",
     "Prediction",
@@ -57,6 +69,8 @@ __all__ = [
     "choice",
     "device_preset",
     "format_bytes",
+    "gpu_aot_unavailable",
+    "gpu_target",
     "korthikanti_bytes",
     "layer_graph",
     "measure",
@@ -64,6 +78,7 @@ __all__ = [
     "plan_memory",
     "predict",
     "preset_table",
+    "quiet_cuda_plugin_without_driver",
     "resolve_auto",
     "solve",
     "spec_dict",
@@ -71,6 +86,7 @@ __all__ = [
     "state_bytes",
     "step_flops",
     "tag_flops_per_byte",
+    "target_devices",
     "trainable_bytes",
     "tree_bytes",
     "widened_bytes",

@@ -1,0 +1,193 @@
+"""GPU compile targets: the real XLA:GPU compiler, run on a machine without a GPU.
+
+A target is an XLA GPU target config (``targets/<name>.txtpb``, package data: where each
+file comes from is in its header) that the JAX CUDA plugin compiles against without a
+device ("deviceless" ahead-of-time compilation). ``compiled.memory_analysis()`` then
+gives the GPU compiler's own buffer assignment: what ``plan.measure(..., target=...)``
+reports. It needs the ``gpu-aot`` extra (``pip install "jaxckpt[gpu-aot]"``): the
+plugin and PJRT wheels of the installed jaxlib's version, ``ptxas`` and cuDNN.
+
+A deviceless compile does not autotune: GEMM tilings (and so their workspaces) are
+XLA's defaults, which a real GPU may tune to others (``AUTOTUNE_CAVEAT``).
+"""
+
+import dataclasses
+import functools
+import importlib.resources
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from types import MappingProxyType
+
+import jax
+
+AUTOTUNE_CAVEAT = (
+    "compiled for the GPU without one: XLA:GPU's own buffer assignment, but not autotuned (GEMM "
+    "tilings and workspaces are XLA's defaults; a real GPU may pick others)"
+)
+"""How far a deviceless compile's figures carry to the real GPU (printed with them)."""
+
+CPU = "xla-cpu"
+"""``measured_on`` of a figure from XLA:CPU."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTarget:
+    """One GPU the planner can compile for without having it.
+
+    Attributes:
+        name: the key in ``TARGETS`` (also a ``plan.DEVICES`` name).
+        sm: the compute capability XLA compiles for.
+        description: the GPU as its target config names it.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> plan.TARGETS["h200-141g"].sm
+        'sm_90a'
+    """
+
+    name: str
+    sm: str
+    description: str
+
+    @property
+    def measured_on(self) -> str:
+        """How a figure compiled for this target is labelled: ``"xla-gpu:<name>"``."""
+        return f"xla-gpu:{self.name}"
+
+    def config_text(self) -> str:
+        """The target config (text-format ``GpuTargetConfigProto``) shipped for this GPU."""
+        return importlib.resources.files("jaxckpt.plan").joinpath("targets", f"{self.name}.txtpb").read_text()
+
+
+TARGETS: MappingProxyType[str, GpuTarget] = MappingProxyType(
+    {
+        "h100-80g": GpuTarget("h100-80g", "sm_90a", "NVIDIA H100 80GB HBM3"),
+        "h200-141g": GpuTarget("h200-141g", "sm_90a", "NVIDIA H200 141GB HBM3e"),
+        "a100-80g": GpuTarget("a100-80g", "sm_80", "NVIDIA A100-SXM4-80GB"),
+        "a100-40g": GpuTarget("a100-40g", "sm_80", "NVIDIA A100-SXM4-40GB"),
+    }
+)
+"""Target name -> ``GpuTarget``: the GPUs ``plan.measure(..., target=)`` compiles for."""
+
+
+def gpu_target(name: "str | GpuTarget") -> GpuTarget:
+    """The target called ``name`` (a ``GpuTarget`` passes through); the error lists them.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> plan.gpu_target("a100-40g").description
+        'NVIDIA A100-SXM4-40GB'
+    """
+    if isinstance(name, GpuTarget):
+        return name
+    if name not in TARGETS:
+        raise ValueError(f"target={name!r} is not a GPU compile target; valid targets: {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
+def _ptxas() -> str | None:
+    """The ``ptxas`` of the ``nvidia-cuda-nvcc-cu12`` wheel (or one on PATH)."""
+    spec = importlib.util.find_spec("nvidia.cuda_nvcc")
+    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else ():
+        found = Path(root) / "bin" / "ptxas"
+        if found.is_file():
+            return str(found)
+    return shutil.which("ptxas")
+
+
+def gpu_aot_unavailable() -> str | None:
+    """None when this process can compile for GPU targets, else why not (and how to fix it).
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> reason = plan.gpu_aot_unavailable()
+        >>> reason is None or "gpu-aot" in reason
+        True
+    """
+    fix = f'install the extra: pip install "jaxckpt[gpu-aot]" (the CUDA plugin for jaxlib {jax.__version__})'
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        return f"the JAX CUDA plugin (jax-cuda12-plugin) is not installed; {fix}"
+    if _ptxas() is None:
+        return f"ptxas (nvidia-cuda-nvcc-cu12) is not installed; {fix}"
+    try:
+        _topology(TARGETS["h100-80g"], 1)
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+@functools.cache
+def _topology(target: GpuTarget, devices: int):
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(
+            platform="cuda", topology_name="", target_config=target.config_text(), topology=f"1x1x{devices}"
+        )
+    except (NotImplementedError, jax.errors.JaxRuntimeError, RuntimeError) as err:
+        hint = ""
+        if "not implemented" in str(err):
+            hint = (
+                " The CUDA plugin did not start in this process (no GPU driver here): run with "
+                "JAX_PLATFORMS=cpu, or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1."
+            )
+        raise RuntimeError(
+            f"could not make a {target.name} topology of {devices} devices: {err}.{hint}"
+        ) from err
+
+
+def target_devices(target: "str | GpuTarget", devices: int = 1) -> list:
+    """``devices`` abstract devices of ``target`` (one host), to compile over.
+
+    Arrays are given as ``jax.ShapeDtypeStruct(..., sharding=NamedSharding(Mesh(...)))``
+    over them; nothing can be allocated on them.
+
+    Raises:
+        RuntimeError: when the ``gpu-aot`` extra is missing or the plugin cannot start.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> if plan.gpu_aot_unavailable() is None:
+        ...     assert plan.target_devices("h100-80g", 2)[1].device_kind == "NVIDIA H100 80GB HBM3"
+    """
+    target = gpu_target(target)
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a positive int; got {devices!r}")
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        raise RuntimeError(gpu_aot_unavailable())
+    return list(_topology(target, devices).devices)
+
+
+def _has_nvidia_driver() -> bool:
+    if Path("/proc/driver/nvidia").exists():
+        return True
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def quiet_cuda_plugin_without_driver() -> bool:
+    """Chooses the CPU platform when the CUDA plugin is installed, this machine has no
+    NVIDIA driver, and no platform was chosen (``JAX_PLATFORMS``).
+
+    JAX falls back to the CPU there anyway, after printing the plugin's failed start-up (a
+    traceback in every process); a deviceless compile needs no driver. The ``jaxckpt``
+    command and the test suite call it before JAX starts a backend; ``import jaxckpt``
+    does not. Sets ``JAX_PLATFORMS=cpu`` for subprocesses too.
+
+    Returns:
+        Whether it chose the CPU.
+    """
+    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+        return False
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None or _has_nvidia_driver():
+        return False
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+    return True
