@@ -27,6 +27,7 @@ from jaxckpt._sizes import format_bytes, parse_size
 from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict
 from jaxckpt.plan._auto import resolve_auto
 from jaxckpt.plan._by_cost import by_cost, tag_flops_per_byte
+from jaxckpt.plan._compile import compile_step
 from jaxckpt.plan._cost import Choice, choice, step_flops
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
@@ -67,6 +68,7 @@ __all__ = [
     "Workload",
     "by_cost",
     "choice",
+    "compile_step",
     "device_preset",
     "format_bytes",
     "gpu_aot_unavailable",

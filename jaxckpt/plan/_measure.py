@@ -4,6 +4,7 @@ import jax
 
 from jaxckpt.plan._compile import compile_report
 from jaxckpt.plan._sharded import compile_in_subprocess
+from jaxckpt.plan._targets import GpuTarget, gpu_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -16,7 +17,9 @@ CPU_CAVEAT = (
 """How far XLA:CPU's figures carry to other backends (printed with every measured figure)."""
 
 
-def measure(workload: Workload, remat: "str | RematSpec") -> MemoryReport:
+def measure(
+    workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
+) -> MemoryReport:
     """Compiles the real train step from abstract inputs and reads XLA's memory analysis.
 
     No parameter is ever allocated, so ``llama2-7b`` can be measured on a laptop's CPU.
@@ -31,13 +34,18 @@ def measure(workload: Workload, remat: "str | RematSpec") -> MemoryReport:
             compiled in ``pinned_host`` memory and left out of the device's figures
             (``jaxckpt.plan._compile``).
         remat: a preset name or ``RematSpec``.
+        target: None measures with XLA:CPU; a GPU target (``plan.TARGETS``, e.g.
+            ``"h100-80g"``) with XLA:GPU for that GPU, compiled here without one over
+            ``workload.devices`` of them (the ``gpu-aot`` extra; see ``AUTOTUNE_CAVEAT``).
 
     Returns:
-        A ``MemoryReport`` with ``params``, ``optimizer`` and ``grads`` filled in.
+        A ``MemoryReport`` with ``params``, ``optimizer``, ``grads`` and ``measured_on``
+        (``"xla-cpu"`` or ``"xla-gpu:<target>"``) filled in.
 
     Raises:
         TypeError: when ``workload`` is not a ``Workload``.
-        ValueError: for an unknown remat preset, or a sequence over ``config.max_len``.
+        ValueError: for an unknown remat preset or target, or a sequence over ``config.max_len``.
+        RuntimeError: for a GPU target without the ``gpu-aot`` extra.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -48,6 +56,8 @@ def measure(workload: Workload, remat: "str | RematSpec") -> MemoryReport:
     """
     require_workload(workload, "measure")
     spec = get_remat(remat)
+    if target is not None:
+        return compile_report(workload, spec, gpu_target(target))
     if workload.devices > len(jax.devices()):
         return compile_in_subprocess(workload, spec)
     return compile_report(workload, spec)

@@ -17,6 +17,11 @@ class MemoryReport:
     tree size (the first two are arguments, the gradients live in ``temp``);
     ``jaxckpt.plan.measure`` fills them, otherwise they are None.
 
+    ``host_argument`` and ``host_temp`` are bytes in host memory (``pinned_host``): state
+    placed there, and offloaded activations; they are not in ``peak``. ``measured_on``
+    names the compiler the figures come from (``"xla-cpu"``, ``"xla-gpu:h100-80g"``),
+    where ``jaxckpt.plan`` knows it.
+
     Example:
         >>> report = MemoryReport(argument=40, output=8, temp=24, alias=8, host_temp=0)
         >>> report.peak, report.activations  # no train-step split: activations unknown
@@ -32,6 +37,8 @@ class MemoryReport:
     params: int | None = None
     optimizer: int | None = None
     grads: int | None = None
+    host_argument: int = 0
+    measured_on: str | None = None
 
     @property
     def activations(self) -> int | None:
@@ -67,6 +74,7 @@ def memory_report(compiled: jax.stages.Compiled, *, device_stats: bool = True) -
         temp=int(ma.temp_size_in_bytes),
         alias=int(ma.alias_size_in_bytes),
         host_temp=int(getattr(ma, "host_temp_size_in_bytes", 0)),
+        host_argument=int(getattr(ma, "host_argument_size_in_bytes", 0)),
         device=device_memory_stats() if device_stats else None,
     )
 
