@@ -54,7 +54,6 @@ from rich.table import Table
 
 import jaxckpt
 from jaxckpt import plan
-from jaxckpt.attention import compiling_for
 
 TARGET = "h100-80g"
 IMPLEMENTATIONS = ("blockwise", "xla", "cudnn")
@@ -140,7 +139,7 @@ def _function(impl: str | None, case: Case, names: list[str], grad: bool):
 def lower(impl, case: Case, dims: Dims, dtype, sharding, grad: bool):
     """``jit(...).lower`` of one call under ``compiling_for("gpu")``."""
     args, names = _abstract(dims, dtype, case, sharding)
-    with compiling_for("gpu"):
+    with plan.deviceless():
         return _function(impl, case, names, grad).lower(*args)
 
 

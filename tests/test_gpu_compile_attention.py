@@ -15,7 +15,6 @@ from jax.sharding import PartitionSpec as P
 
 import jaxckpt
 from jaxckpt import plan
-from jaxckpt.attention import compiling_for
 
 pytestmark = pytest.mark.gpu_compile
 
@@ -73,7 +72,7 @@ def test_every_feature_compiles_fwd_and_bwd_for_h100(impl, dtype):
     # jax.nn's bf16 backward lowers (for the GPU) a dot whose promote_types strict promotion
     # refuses: see test_xla_bf16_lowers_for_gpu_under_strict_promotion.
     promotion = "standard" if impl == "xla" else "strict"
-    with compiling_for("gpu"), jax.numpy_dtype_promotion(promotion):
+    with plan.deviceless(), jax.numpy_dtype_promotion(promotion):
         compiled = grad.lower(q, kv, kv, kvg, kvg, lengths, lengths, q).compile()
     outs = compiled.out_info
     assert [(o.shape, o.dtype) for o in outs] == [(x.shape, x.dtype) for x in (q, kv, kv, kvg, kvg)]
@@ -93,7 +92,7 @@ def test_xla_bf16_lowers_for_gpu_under_strict_promotion():
     q = _sd((B, T, N, H), jnp.bfloat16)
     attend = jax.tree_util.Partial(jaxckpt.flash_attention, is_causal=True, implementation="xla")
     grad = jax.jit(jax.grad(lambda q: jnp.sum(attend(q, q, q).astype(jnp.float32))))
-    with compiling_for("gpu"):
+    with plan.deviceless():
         grad.lower(q)
 
 
@@ -114,7 +113,7 @@ def test_cudnn_refuses_a_right_window_without_a_plain_causal_mask(kwargs):
         )
 
     with (
-        compiling_for("gpu"),
+        plan.deviceless(),
         pytest.raises(ValueError, match="right window: 5 when causal mask is not used"),
     ):
         jax.jit(f).lower(q, lengths)
@@ -123,7 +122,7 @@ def test_cudnn_refuses_a_right_window_without_a_plain_causal_mask(kwargs):
 def _lowered(dtype, implementation, **kwargs) -> str:
     q = _sd((B, T, N, 64), dtype)
     f = jax.jit(lambda q, k, v: jaxckpt.flash_attention(q, k, v, implementation=implementation, **kwargs))
-    with compiling_for("gpu"):
+    with plan.deviceless():
         return f.lower(q, q, q).as_text()
 
 
@@ -144,17 +143,14 @@ def test_auto_picks_blockwise_where_cudnn_does_not_fit(dtype, kwargs):
     assert auto == _lowered(dtype, "blockwise", **kwargs)
 
 
-@pytest.mark.xfail(
-    raises=ValueError,
-    strict=True,
-    reason="cudnn_fits accepts a window (left, right > 0) whenever is_causal, but jax.nn's cuDNN "
-    "refuses it when lengths make its mask PADDING_CAUSAL: implementation=None raises",
-)
-def test_auto_handles_causal_window_with_lengths_when_compiling_for_gpu():
+def test_auto_takes_blockwise_for_a_causal_right_window_with_lengths_when_compiling_for_gpu():
+    """jax.nn's cuDNN refuses a right window once lengths make its mask PADDING_CAUSAL."""
     q, lengths = _sd((B, T, N, H), jnp.bfloat16), _sd((B,), jnp.int32)
 
-    def f(q, n):
-        return jaxckpt.flash_attention(q, q, q, is_causal=True, local_window_size=(7, 5), query_seq_lengths=n)
+    def f(impl):
+        kw = {"is_causal": True, "local_window_size": (7, 5), "implementation": impl}
+        return jax.jit(lambda q, n: jaxckpt.flash_attention(q, q, q, query_seq_lengths=n, **kw))
 
-    with compiling_for("gpu"):
-        jax.jit(f).lower(q, lengths)
+    with plan.deviceless():
+        auto = f(None).lower(q, lengths).as_text()
+        assert auto == f("blockwise").lower(q, lengths).as_text()

@@ -2,12 +2,8 @@
 
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._blockwise import blockwise_attention
-from jaxckpt.attention._jax_nn import (
-    JAX_NN_FEATURES,
-    cudnn_fits,
-    cudnn_unavailable,
-    jax_nn_attention,
-)
+from jaxckpt.attention._cudnn import cudnn_attention, cudnn_fits, cudnn_unavailable
+from jaxckpt.attention._jax_nn import JAX_NN_FEATURES, jax_nn_attention
 from jaxckpt.attention._reference import reference_normalized
 from jaxckpt.attention._registry import features_used, implementations, lookup, register_implementation
 from jaxckpt.attention._signature import entry_point
@@ -23,7 +19,7 @@ register_implementation(
 )
 register_implementation(
     "cudnn",
-    lambda p, bs: jax_nn_attention(p, bs, implementation="cudnn"),
+    cudnn_attention,
     supports=JAX_NN_FEATURES - {"segments"},
     unavailable=cudnn_unavailable,
 )

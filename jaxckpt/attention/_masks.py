@@ -58,6 +58,37 @@ def visible(
     return ok
 
 
+def row_sees_a_key(cfg: MaskConfig, q_idx, *, q_len=None, kv_len=None):
+    """True where query row ``q_idx`` sees at least one key: O(T), no ``[T, S]`` grid.
+
+    Under the rules that bound the key index from both sides (``k >= 0`` and, with a
+    window, ``k >= q - left``; ``k < S``, ``k < kv_len`` and, causal or windowed,
+    ``k <= q`` or ``k <= q + right``) the keys a row sees form one interval, so the row
+    sees some key iff it sees the interval's first, ``max(0, q - left)``: that one
+    key is checked with :func:`visible` itself, so the rules stay written once.
+    Segment ids and a user mask are not intervals: rows under those need the full
+    grid (``full_mask(p).any(-1)``).
+
+    Args:
+        cfg: the static mask (lengths, causal, window).
+        q_idx: absolute query positions (a jax or a NumPy array: with NumPy and no
+            lengths the answer is a NumPy array, known at trace time).
+        q_len, kv_len: per-batch valid lengths, shaped to broadcast against ``q_idx``.
+
+    Returns:
+        A boolean array, the broadcast of ``q_idx`` and the lengths.
+
+    Example:
+        >>> import numpy as np
+        >>> from jaxckpt.attention._validate import MaskConfig
+        >>> cfg = MaskConfig(t=6, s=3, window=(1, 1))
+        >>> row_sees_a_key(cfg, np.arange(6)).astype(int).tolist()
+        [1, 1, 1, 1, 0, 0]
+    """
+    first = 0 if cfg.window is None else (q_idx - cfg.window[0]).clip(0)
+    return visible(cfg, q_idx, first, q_len=q_len, kv_len=kv_len)
+
+
 def _segment_span(seg: jax.Array, length: int, block: int, n_blocks: int):
     """Min and max segment id inside each block, ignoring padding: two [B, n_blocks]."""
     pad = n_blocks * block - length

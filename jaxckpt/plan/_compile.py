@@ -15,7 +15,6 @@ argument, output and alias figures, and the peak is the device's; on a backend t
 reports host arguments apart nothing is moved.
 """
 
-import contextlib
 import dataclasses
 import functools
 
@@ -24,9 +23,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
-from jaxckpt.attention import compiling_for
 from jaxckpt.plan._state import abstract_train_state, state_bytes, trainable_bytes
-from jaxckpt.plan._targets import CPU, GpuTarget, gpu_target, target_devices
+from jaxckpt.plan._targets import CPU, GpuTarget, compiler_options, deviceless, gpu_target, target_devices
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -54,7 +52,12 @@ def _devices(workload: Workload, target: GpuTarget | None) -> list:
 
 @functools.lru_cache(maxsize=32)
 def compile_step(
-    workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
+    workload: Workload,
+    remat: "str | RematSpec",
+    *,
+    target: "str | GpuTarget | None" = None,
+    gemm: str = "default",
+    autotune_results: str | None = None,
 ) -> jax.stages.Compiled:
     """The train step ``jaxckpt train`` runs for ``workload``, compiled from abstract inputs.
 
@@ -64,6 +67,10 @@ def compile_step(
         target: None compiles with this process's backend (XLA:CPU here); a GPU target
             name (``plan.TARGETS``) compiles with XLA:GPU for that GPU, without one
             (the ``gpu-aot`` extra), over ``workload.devices`` of them.
+        gemm: a GPU target's matmul emitter, ``"default"`` or ``"cublas"``
+            (``plan.GEMM_BACKENDS``); ignored for XLA:CPU.
+        autotune_results: a file of autotune results dumped on a real GPU of the target's
+            kind (``--xla_gpu_dump_autotune_results_to``), loaded by XLA:GPU.
 
     Returns:
         The ``jax.stages.Compiled`` step: ``memory_analysis()``, ``as_text()``, ``cost_analysis()``.
@@ -82,6 +89,7 @@ def compile_step(
         True
     """
     target = None if target is None else gpu_target(target)
+    options = {} if target is None else compiler_options(gemm, autotune_results)
     spec = get_remat(remat)
     model, opt = abstract_train_state(workload.config, workload.optimizer_config)
     graphdef, state = nnx.split((model, opt))
@@ -108,21 +116,27 @@ def compile_step(
     step = jit_train_step(
         graphdef, spec, shardings, mesh, masters=workload.optimizer_config if masters else None
     )
-    with contextlib.ExitStack() as stack:
-        if target is not None:
-            stack.enter_context(compiling_for("gpu"))
+    if target is None:
         return step.lower(state, tokens).compile()
+    with deviceless():
+        return step.lower(state, tokens).compile(options)
 
 
 @functools.lru_cache(maxsize=128)
-def compile_report(workload: Workload, spec: RematSpec, target: GpuTarget | None = None) -> MemoryReport:
-    """One device's ``MemoryReport`` of ``compile_step(workload, spec, target=target)``
+def compile_report(
+    workload: Workload,
+    spec: RematSpec,
+    target: GpuTarget | None = None,
+    gemm: str = "default",
+    autotune_results: str | None = None,
+) -> MemoryReport:
+    """One device's ``MemoryReport`` of ``compile_step(workload, spec, target=target, ...)``
     (once per process), labelled with the compiler (``measured_on``).
 
     With ``target=None`` this process must have ``workload.devices`` devices
     (``jaxckpt.plan._sharded`` compiles in a subprocess that has them otherwise).
     """
-    compiled = compile_step(workload, spec, target=target)
+    compiled = compile_step(workload, spec, target=target, gemm=gemm, autotune_results=autotune_results)
     report = memory_report(compiled, device_stats=False)
     host = workload.optimizer_placement == "host"
     masters = workload.master_placement == "host"

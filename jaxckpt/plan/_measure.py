@@ -1,10 +1,13 @@
 """``measure``: XLA's own memory figures for a train step, compiled from abstract inputs."""
 
+import dataclasses
+import os
+
 import jax
 
 from jaxckpt.plan._compile import compile_report
 from jaxckpt.plan._sharded import compile_in_subprocess
-from jaxckpt.plan._targets import GpuTarget, gpu_target
+from jaxckpt.plan._targets import GEMM_BACKENDS, GpuTarget, gpu_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -18,7 +21,11 @@ CPU_CAVEAT = (
 
 
 def measure(
-    workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
+    workload: Workload,
+    remat: "str | RematSpec",
+    *,
+    target: "str | GpuTarget | None" = None,
+    autotune_results: "str | os.PathLike | None" = None,
 ) -> MemoryReport:
     """Compiles the real train step from abstract inputs and reads XLA's memory analysis.
 
@@ -37,6 +44,11 @@ def measure(
         target: None measures with XLA:CPU; a GPU target (``plan.TARGETS``, e.g.
             ``"h100-80g"``) with XLA:GPU for that GPU, compiled here without one over
             ``workload.devices`` of them (the ``gpu-aot`` extra; see ``AUTOTUNE_CAVEAT``).
+            Without autotuning the GEMM emitter is a guess, so the step is compiled with
+            each of ``GEMM_BACKENDS`` and the larger peak is returned, with both in
+            ``peak_range``.
+        autotune_results: a GPU target's autotune results, dumped on a real GPU of its
+            kind: compiled once, with them, instead of bracketing the GEMM emitters.
 
     Returns:
         A ``MemoryReport`` with ``params``, ``optimizer``, ``grads`` and ``measured_on``
@@ -57,7 +69,12 @@ def measure(
     require_workload(workload, "measure")
     spec = get_remat(remat)
     if target is not None:
-        return compile_report(workload, spec, gpu_target(target))
+        target = gpu_target(target)
+        if autotune_results is not None:
+            return compile_report(workload, spec, target, "default", os.fspath(autotune_results))
+        reports = [compile_report(workload, spec, target, gemm) for gemm in GEMM_BACKENDS]
+        peaks = sorted(r.peak for r in reports)
+        return dataclasses.replace(max(reports, key=lambda r: r.peak), peak_range=(peaks[0], peaks[-1]))
     if workload.devices > len(jax.devices()):
         return compile_in_subprocess(workload, spec)
     return compile_report(workload, spec)

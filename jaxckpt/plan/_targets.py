@@ -11,6 +11,7 @@ A deviceless compile does not autotune: GEMM tilings (and so their workspaces) a
 XLA's defaults, which a real GPU may tune to others (``AUTOTUNE_CAVEAT``).
 """
 
+import contextlib
 import dataclasses
 import functools
 import importlib.resources
@@ -22,6 +23,8 @@ from types import MappingProxyType
 
 import jax
 
+from jaxckpt.attention import compiling_for
+
 AUTOTUNE_CAVEAT = (
     "compiled for the GPU without one: XLA:GPU's own buffer assignment, but not autotuned (GEMM "
     "tilings and workspaces are XLA's defaults; a real GPU may pick others)"
@@ -30,6 +33,40 @@ AUTOTUNE_CAVEAT = (
 
 CPU = "xla-cpu"
 """``measured_on`` of a figure from XLA:CPU."""
+
+GEMM_BACKENDS: MappingProxyType[str, MappingProxyType] = MappingProxyType(
+    {
+        "default": MappingProxyType({}),
+        "cublas": MappingProxyType({"xla_gpu_enable_triton_gemm": False}),
+    }
+)
+"""How XLA:GPU emits matmuls in a compile (its ``compiler_options``): ``default`` (Triton
+GEMMs where XLA's heuristics pick them, untuned tiles, sometimes split-K with float32
+temporaries) or ``cublas`` everywhere (with its workspace). Without autotuning neither is
+what a real GPU picks for sure, so ``plan.measure`` compiles both and reports the larger."""
+
+
+def compiler_options(gemm: str = "default", autotune_results: "str | os.PathLike | None" = None) -> dict:
+    """XLA:GPU's compile options for ``gemm`` (a ``GEMM_BACKENDS`` key), loading the autotune
+    results a real GPU dumped (``--xla_gpu_dump_autotune_results_to``) when given.
+
+    Raises:
+        ValueError: for an unknown ``gemm``; FileNotFoundError for a missing results file.
+
+    Example:
+        >>> from jaxckpt.plan._targets import compiler_options
+        >>> compiler_options("cublas")
+        {'xla_gpu_enable_triton_gemm': False}
+    """
+    if gemm not in GEMM_BACKENDS:
+        raise ValueError(f"gemm={gemm!r} is unknown; valid: {', '.join(GEMM_BACKENDS)}")
+    options = dict(GEMM_BACKENDS[gemm])
+    if autotune_results is not None:
+        path = Path(autotune_results)
+        if not path.is_file():
+            raise FileNotFoundError(f"autotune_results={str(path)!r}: no such file")
+        options["xla_gpu_load_autotune_results_from"] = str(path.resolve())
+    return options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,3 +228,29 @@ def quiet_cuda_plugin_without_driver() -> bool:
     os.environ["JAX_PLATFORMS"] = "cpu"
     jax.config.update("jax_platforms", "cpu")
     return True
+
+
+@contextlib.contextmanager
+def deviceless():
+    """The context of a compile for a GPU target: attention traced for a GPU
+    (``attention.compiling_for("gpu")``: ``implementation=None`` may pick cuDNN), and
+    JAX's persistent compilation cache off, since a deviceless executable cannot be read
+    back (that needs a client of its platform): caching it only writes an entry that
+    warns when the next compile of the same program tries to load it.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        >>> from jaxckpt import plan
+        >>> if plan.gpu_aot_unavailable() is None:
+        ...     s = NamedSharding(Mesh(plan.target_devices("h100-80g"), ("x",)), P())
+        ...     with plan.deviceless():
+        ...         c = jax.jit(jnp.sin).lower(jax.ShapeDtypeStruct((8,), jnp.float32, sharding=s)).compile()
+    """
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        with compiling_for("gpu"):
+            yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)

@@ -20,7 +20,8 @@ class MemoryReport:
     ``host_argument`` and ``host_temp`` are bytes in host memory (``pinned_host``): state
     placed there, and offloaded activations; they are not in ``peak``. ``measured_on``
     names the compiler the figures come from (``"xla-cpu"``, ``"xla-gpu:h100-80g"``),
-    where ``jaxckpt.plan`` knows it.
+    where ``jaxckpt.plan`` knows it; ``peak_range`` the smallest and largest peak of the
+    compiles these figures are the largest of (GPU targets: one per GEMM emitter).
 
     Example:
         >>> report = MemoryReport(argument=40, output=8, temp=24, alias=8, host_temp=0)
@@ -39,6 +40,7 @@ class MemoryReport:
     grads: int | None = None
     host_argument: int = 0
     measured_on: str | None = None
+    peak_range: tuple[int, int] | None = None
 
     @property
     def activations(self) -> int | None:
