@@ -39,8 +39,10 @@ from jaxckpt.plan._state import state_bytes, trainable_bytes, tree_bytes, widene
 from jaxckpt.plan._table import PresetRow, PresetTable, preset_table
 from jaxckpt.plan._targets import (
     AUTOTUNE_CAVEAT,
+    GEMM_BACKENDS,
     TARGETS,
     GpuTarget,
+    deviceless,
     gpu_aot_unavailable,
     gpu_target,
     quiet_cuda_plugin_without_driver,
@@ -52,6 +54,7 @@ __all__ = [
     "AUTOTUNE_CAVEAT",
     "CPU_CAVEAT",
     "DEVICES",
+    "GEMM_BACKENDS",
     "MOMENTS_DTYPES",
     "OPTIMIZERS",
     "PLACEMENTS",
@@ -70,6 +73,7 @@ __all__ = [
     "choice",
     "compile_step",
     "device_preset",
+    "deviceless",
     "format_bytes",
     "gpu_aot_unavailable",
     "gpu_target",
