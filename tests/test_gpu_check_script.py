@@ -1,0 +1,69 @@
+"""``benchmarks/gpu_check.py``: its ``--smoke`` dry run works end to end on the CPU, and without
+``--smoke`` it refuses to run where there is no GPU backend.
+
+The check itself is meant for one H200 run with a hard time budget; the smoke run proves, before
+anyone spends GPU time on it, that every part (the bf16 attention contract, attention TFLOP/s,
+the train step in fresh processes with the deviceless predictions beside it) runs and writes
+its section of the JSON.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxckpt import plan
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+SECTIONS = ("meta", "contract", "throughput", "train", "jobs")
+REMATS = ("none", "full", "save_attn", "minimal", "dots")
+
+
+def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    cmd = [sys.executable, str(SCRIPT), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_part_and_writes_every_section(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    # A budget far above the smoke's need: on a loaded machine no item may be skipped for time.
+    proc = _run("--smoke", "--out", str(out), "--budget-s", "1500", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert set(SECTIONS) <= set(result), sorted(result)
+    assert result["meta"]["smoke"] and result["meta"]["backend"] == "cpu"
+    assert all(job["rc"] == 0 for job in result["jobs"]), [(j["name"], j["rc"]) for j in result["jobs"]]
+
+    impls = result["meta"]["implementations"]
+    assert "blockwise" in impls
+    for impl in impls:
+        counts = result["contract"]["summary"][impl]
+        assert counts["pass"] >= 1 and counts["fail"] == counts["error"] == 0, (impl, counts)
+    assert result["contract"]["summary"]["blockwise"]["pass"] == 10  # it supports every feature
+
+    speed = result["throughput"]["rows"]
+    assert {r["implementation"] for r in speed} == set(impls)
+    assert all(r["status"] == "ok" and r["tflops"] > 0 for r in speed), speed
+
+    train = result["train"]["rows"]  # the smoke runs each preset on one model, each model once
+    expected = [("llama3.2-1b", r) for r in REMATS] + [("small", "full")]
+    assert [(r["model"], r["remat"]) for r in train] == expected
+    for row in train:
+        assert row["status"] == "ok" and row["tokens_per_s"] > 0 and row["loss_finite"], row
+        assert row["predict"]["total"] > 0
+        assert row["measured_peak"] is None  # the CPU has no allocator statistics
+        if row["remat"] == "full" and plan.gpu_aot_unavailable() is None:  # deviceless: "full" only
+            assert row["deviceless"]["measured_on"] == "xla-gpu:h200-141g", row
+
+
+def test_without_smoke_on_the_cpu_it_refuses_with_exit_2(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    proc = _run("--out", str(out), timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "needs a GPU backend" in proc.stderr and "--smoke" in proc.stderr, proc.stderr[-2000:]
+    assert not out.exists()
