@@ -56,10 +56,11 @@ def test_json_fitting_budget_chooses_a_spec_that_xla_confirms(capsys):
     rows = _check_rows(result["rows"])
     chosen = result["chosen"]
     assert set(chosen) == {
-        "remat", "spec", "predicted_bytes", "measured_bytes", "host_bytes", "recompute_flops", "devices",
-        "batch", "micro_batches",
+        "remat", "spec", "predicted_bytes", "measured_bytes", "host_bytes", "measured_host_bytes",
+        "measured_on", "recompute_flops", "devices", "batch", "micro_batches",
     }  # fmt: skip
     assert (chosen["batch"], chosen["micro_batches"], chosen["host_bytes"]) == (2, 1, 0)
+    assert chosen["measured_on"] == result["measured_on"] == "xla-cpu"
     assert all(isinstance(chosen[k], int) for k in ("predicted_bytes", "measured_bytes", "recompute_flops"))
     assert chosen["measured_bytes"] <= result["budget_bytes"]
     assert chosen["remat"] in rows and rows[chosen["remat"]]["fits"]
@@ -123,8 +124,7 @@ def test_infeasible_budget_json_has_no_choice_and_the_error(capsys):
         (["--budget", "1GB", "--optimizer", "lion"], "--optimizer: invalid choice"),
         (["--budget", "1GB", "--micro-batches", "0"], "--micro-batches: must be a positive integer"),
         (["--budget", "1GB", "--headroom", "1"], "--headroom: must be a fraction in [0, 1)"),
-        (["--device", "cpu", "--budget", "1GB"], "not allowed with argument"),
-        ([], "one of the arguments --device --budget is required"),
+        ([], "give --device (its memory is the budget) or --budget, or both"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_argument(extra, message, capsys):

@@ -7,6 +7,7 @@ import sys
 import jax
 
 import jaxckpt
+from jaxckpt import plan
 from jaxckpt._plugins import CLI, load_attention_plugins, plugins
 from jaxckpt.attention import available_implementations, implementations
 from jaxckpt.cli import _compare, _eval, _generate, _plan, _train
@@ -14,7 +15,9 @@ from jaxckpt.cli._flags import FLAGS, flag_message
 
 
 def _info(args: argparse.Namespace) -> int:
-    """Prints versions, devices and the attention implementations usable here."""
+    """Prints versions, devices, the attention implementations usable here and the GPU
+    compile targets (``jaxckpt plan --device``)."""
+    missing = plan.gpu_aot_unavailable()
     report = {
         "jaxckpt": jaxckpt.__version__,
         "jax": jax.__version__,
@@ -22,6 +25,10 @@ def _info(args: argparse.Namespace) -> int:
         "devices": [str(d) for d in jax.devices()],
         "attention_implementations": {
             name: impl.unavailable() or "available" for name, impl in implementations().items()
+        },
+        "gpu_compile_targets": {
+            name: missing or f"available: XLA:GPU {target.sm}, deviceless"
+            for name, target in plan.TARGETS.items()
         },
     }
     if args.json:
@@ -79,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
           "jaxckpt": ...
         0
     """
+    plan.quiet_cuda_plugin_without_driver()  # before JAX starts a backend
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

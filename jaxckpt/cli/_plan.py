@@ -2,8 +2,11 @@
 
 One row per remat preset, predicted from shapes (``plan.choice``, no compile), and
 the spec ``plan.plan_memory`` chose, whose peak XLA measured: ``plan.preset_table``
-computes them, this module parses the flags and formats. The measurement is
-XLA:CPU's (``plan.CPU_CAVEAT``); the budget is a device preset's memory or a size.
+computes them, this module parses the flags and formats. A GPU ``--device``
+(``plan.TARGETS``) is measured by XLA:GPU for that GPU, compiled here without one, when
+the ``gpu-aot`` extra is installed (``plan.AUTOTUNE_CAVEAT``); otherwise, and for every
+other device, by XLA:CPU (``plan.CPU_CAVEAT``), and the table says which. The budget is
+a device preset's memory or a size.
 
 Example:
     $ jaxckpt plan --model tiny --batch 2 --seq 64 --budget 20MiB
@@ -93,24 +96,30 @@ def add_parser(sub) -> None:
         help="the cheapest remat spec that fits a memory budget, and what every preset needs",
         description="Predicts params, gradients, optimizer state and activations of a train step "
         "under every remat preset (from shapes, no compile), solves for the spec of least recompute "
-        "that fits the budget and checks it against XLA's compiled memory analysis (on CPU).",
+        "that fits the budget and checks it against XLA's compiled memory analysis (XLA:GPU for a GPU "
+        "--device with the gpu-aot extra, compiled without a GPU; else XLA:CPU).",
     )
     p.add_argument("--model", required=True, choices=list(nn.PRESETS), help="model preset")
     p.add_argument("--batch", required=True, type=_positive_int, help="sequences per micro-batch")
     p.add_argument("--seq", required=True, type=_positive_int, help="tokens per sequence")
-    budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument(
+    p.add_argument(
         "--device",
         choices=list(plan.DEVICES),
-        help="plan for this device: its memory is the budget, its matmul rate prices recompute",
+        help="plan for this device: its memory is the budget (unless --budget), its matmul rate prices "
+        "recompute; a GPU's step is compiled by XLA:GPU for it (the gpu-aot extra)",
     )
-    budget.add_argument("--budget", type=_size, help="bytes per device: 32GB, 30GiB, 512MiB or a number")
+    p.add_argument(
+        "--budget",
+        type=_size,
+        help="bytes per device: 32GB, 30GiB, 512MiB or a number (default: --device's memory)",
+    )
     p.add_argument(
         "--devices",
         type=_positive_int,
         default=1,
         help="plan per device for FSDP over this many devices (jaxckpt train --mesh fsdp=N); the batch "
-        "is split over them and every candidate is compiled over N simulated CPU devices",
+        "is split over them and every candidate is compiled over N devices (a GPU --device's, or "
+        "simulated CPU devices)",
     )
     p.add_argument("--optimizer", default="adamw", choices=list(plan.OPTIMIZERS), help="default: adamw")
     p.add_argument(
@@ -166,8 +175,37 @@ def add_parser(sub) -> None:
         choices=list(remat.PRESETS),
         help="check this preset instead of solving: its predicted and compiled peak against the budget",
     )
+    p.add_argument(
+        "--autotune-results",
+        metavar="FILE",
+        help="with a GPU --device: XLA autotune results dumped on such a GPU "
+        "(--xla_gpu_dump_autotune_results_to), used instead of bracketing the GEMM emitters",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(run=run, flags=PLAN_FLAGS)
+
+
+def compile_target(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The GPU target ``--device`` names, when this process can compile for it, and a note
+    when it names one but the ``gpu-aot`` extra is missing (then XLA:CPU measures)."""
+    if args.device not in plan.TARGETS:
+        if args.autotune_results is not None:
+            raise ValueError(
+                f"--autotune-results needs a GPU --device ({', '.join(plan.TARGETS)}); got {args.device}"
+            )
+        return None, None
+    missing = plan.gpu_aot_unavailable()
+    if missing is None:
+        return args.device, None
+    if args.autotune_results is not None:
+        raise ValueError(f"--autotune-results needs the XLA:GPU compiler: {missing}")
+    return None, f"measured with XLA:CPU, not XLA:GPU: {missing}"
+
+
+def compiler_label(measured_on: str) -> str:
+    """``"xla-cpu"`` -> ``"XLA:CPU"``; ``"xla-gpu:h100-80g"`` -> ``"XLA:GPU h100-80g"``."""
+    kind, _, target = measured_on.partition(":")
+    return kind.upper().replace("-", ":") + (f" {target}" if target else "")
 
 
 def model_config(
@@ -203,7 +241,9 @@ def model_config(
 def run(args: argparse.Namespace) -> int:
     """Plans, prints the table (or JSON); returns 0, or 1 when nothing fits the budget."""
     device = plan.device_preset(args.device or "cpu")
-    budget = device.memory if args.device else args.budget
+    if args.device is None and args.budget is None:
+        raise ValueError("give --device (its memory is the budget) or --budget, or both")
+    budget = device.memory if args.budget is None else args.budget
     config, dtype_note = model_config(args, device)
     workload = plan.Workload(
         config,
@@ -216,8 +256,10 @@ def run(args: argparse.Namespace) -> int:
         optimizer_placement="host" if args.offload_optimizer else "device",
         master_placement="host" if args.offload_master else "device",
     )
+    target, target_note = compile_target(args)
+    notes = [n for n in (dtype_note, target_note) if n]
     if args.remat is not None:
-        return check(args, workload, budget, dtype_note)
+        return check(args, workload, budget, notes, target)
     answer = plan.preset_table(
         workload,
         budget,
@@ -225,9 +267,11 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         model=args.model,
         split_batch=args.split_batch,
+        target=target,
+        autotune_results=args.autotune_results,
     )
     result = answer.to_dict()
-    result["notes"] = [dtype_note] if dtype_note else []
+    result["notes"] = notes
     if answer.error is not None:  # the planner's hints name arguments: the table names flags
         result["error"] = flag_message(result["error"], {**FLAGS, **PLAN_FLAGS})
     if args.json:
@@ -239,17 +283,24 @@ def run(args: argparse.Namespace) -> int:
         console.width = max(console.width, Measurement.get(console, wide, t).maximum)  # never wrap it
         console.print(t)
         if answer.chosen is not None:
-            console.print(_chosen_line(result["chosen"], result["config"]))
-            console.print(_attempts_line(result["attempts"]))
+            label = compiler_label(result["measured_on"])
+            console.print(_chosen_line(result["chosen"], result["config"], label))
+            console.print(_attempts_line(result["attempts"], label))
     if answer.error is not None:
         print(f"jaxckpt plan: {result['error']}", file=sys.stderr)
         return 1
     return 0
 
 
-def check(args: argparse.Namespace, workload: plan.Workload, budget: int, note: str | None) -> int:
+def check(
+    args: argparse.Namespace, workload: plan.Workload, budget: int, notes: list[str], target: str | None
+) -> int:
     """``--remat R``: R's predicted and XLA-measured peak against the budget; 0 when it fits, else 1."""
-    predicted, measured = plan.predict(workload, args.remat), plan.measure(workload, args.remat)
+    predicted = plan.predict(workload, args.remat, target=target)
+    if target is None:
+        measured = plan.measure(workload, args.remat)
+    else:
+        measured = plan.measure(workload, args.remat, target=target, autotune_results=args.autotune_results)
     limit = int(budget * (1 - args.headroom))
     result = {
         "remat": args.remat,
@@ -259,8 +310,9 @@ def check(args: argparse.Namespace, workload: plan.Workload, budget: int, note: 
         "usable_bytes": limit,
         "fits": measured.peak <= limit,
         "measured": measured.to_dict(),
-        "notes": [note] if note else [],
-        "caveat": plan.CPU_CAVEAT,
+        "measured_on": measured.measured_on,
+        "notes": notes,
+        "caveat": plan.CPU_CAVEAT if target is None else plan.AUTOTUNE_CAVEAT,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -268,7 +320,8 @@ def check(args: argparse.Namespace, workload: plan.Workload, budget: int, note: 
         verdict = "fits" if result["fits"] else "does not fit"
         print(
             f"{args.model} B={workload.batch} T={workload.seq}, remat {args.remat}: predicted "
-            f"{plan.format_bytes(predicted.total)}, XLA:CPU measured {plan.format_bytes(measured.peak)}: "
+            f"{plan.format_bytes(predicted.total)}, {compiler_label(measured.measured_on)} measured "
+            f"{plan.format_bytes(measured.peak)}: "
             f"{verdict} {plan.format_bytes(limit)}" + "".join(f". {n}" for n in result["notes"])
         )
     return 0 if result["fits"] else 1
@@ -296,12 +349,14 @@ def table(result: dict) -> Table:
     if result["headroom"]:
         budget += f" less {result['headroom']:.0%} headroom"
     source = "predicted" if result["minimum_source"] == "predicted" else "measured by XLA"
+    on_gpu = result["measured_on"] != "xla-cpu"
+    devices_kind = f"{result['measured_on'].partition(':')[2]} devices" if on_gpu else "simulated CPU devices"
     notes = [
         *result.get("notes", []),
         f"budget {budget}; smallest peak {plan.format_bytes(result['minimum_bytes'])} ({source})",
         "sizes and fits are predicted from shapes; recompute: extra FLOPs as a share of a step's",
         *(
-            [f"measured: the FSDP step compiled over {c['devices']} simulated CPU devices, one device's peak"]
+            [f"measured: the FSDP step compiled over {c['devices']} {devices_kind}, one device's peak"]
             if c["devices"] > 1
             else []
         ),
@@ -321,7 +376,7 @@ def table(result: dict) -> Table:
             f"the rows are for the batch as given; the chosen spec is for B={chosen['batch']} "
             f"x{chosen['micro_batches']} micro-batches (--split-batch: the whole batch fits no spec)"
         )
-    notes.append(f"XLA peaks were {result['caveat']}")
+    notes.append(f"{compiler_label(result['measured_on'])} peaks were {result['caveat']}")
     caption = ". ".join(n[0].upper() + n[1:] for n in notes) + "."
     t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
     t.add_column("remat", justify="left")
@@ -346,7 +401,7 @@ def _percent(fraction: float) -> str:
     return "<0.1%" if 0 < fraction < 0.001 else f"{fraction:.1%}"
 
 
-def _chosen_line(chosen: dict, config: dict) -> str:
+def _chosen_line(chosen: dict, config: dict, label: str) -> str:
     """One line on the chosen spec: what a solved spec keeps per layer, and XLA's peak."""
     spec, what = chosen["spec"], "a preset"
     if chosen["remat"] == "solved":
@@ -358,13 +413,15 @@ def _chosen_line(chosen: dict, config: dict) -> str:
     split = ""
     if chosen["micro_batches"] != config["micro_batches"]:
         split = f" at B={chosen['batch']} x{chosen['micro_batches']} micro-batches"
-    return f"* chosen: {chosen['remat']} ({what}){split}; XLA:CPU measured a {peak} peak"
+    host = chosen.get("measured_host_bytes", 0)
+    on_host = f" (+{plan.format_bytes(host)} in host memory)" if host else ""
+    return f"* chosen: {chosen['remat']} ({what}){split}; {label} measured a {peak} peak{on_host}"
 
 
-def _attempts_line(attempts: list[dict]) -> str:
+def _attempts_line(attempts: list[dict], label: str) -> str:
     """The specs the planner compiled: predicted -> measured, so a miss of the model shows."""
     tried = "; ".join(
         f"{a['remat']} {plan.format_bytes(a['predicted_bytes'])} -> {plan.format_bytes(a['measured_bytes'])}"
         for a in attempts
     )
-    return f"  compiled (predicted -> XLA:CPU): {tried}"
+    return f"  compiled (predicted -> {label}): {tried}"

@@ -26,6 +26,29 @@ Over ``workload.devices`` (FSDP, ``jaxckpt train --mesh fsdp=D``) each device ho
 shards of the state and of the update and runs ``batch / D`` sequences; the output
 head's gathered weights and their gradient are added to the head's working set (a
 layer's gathered parameters add nothing measurable: see ``layer_working_set``).
+
+The compiler (``predict(target=)``). The terms above are XLA:CPU's, the default. For a
+GPU target (``plan.TARGETS``; ``measure(target=)`` compiles the step with XLA:GPU for it)
+the same structure holds with these mechanisms of XLA:GPU, each read off its buffer
+assignment (``--xla_dump_to``) of bf16 ``small``, ``gpt2`` and FSDP ``llama2-7b`` steps:
+
+* bfloat16 kernels: no float32 copy of the weight stacks (``widened_bytes`` is 0), and a
+  bfloat16 dot's result stays bfloat16, the graph's own dtype (XLA:CPU runs every dot in
+  float32).
+* attention is cuDNN's where it takes the layer (``attention_implementation``): the
+  blockwise kernel's residuals, no score tile.
+* fusion: a recomputed layer's backward holds a norm's row statistics, not its fp32
+  normalised input, and one tensor of a gated activation (``layer_graph(target=)``).
+* the layer's saved residuals are sliced out of their stacks as copies (the backward
+  body's dynamic-slice fusions), so keeping a tag does not shrink the working set: under
+  ``small``'s ``minimal`` it was within 6% of ``full``'s (on XLA:CPU it falls by the kept
+  bytes).
+* the head: ``4 + e`` bytes a logit, not ``8 + 2e`` (``head_working_set``), and the layer
+  stacks' gradients are not yet allocated while it runs (``unwritten_grads``).
+* FSDP: a stack split along a layer's minor axis keeps a transposed copy of its shard
+  (``transposed_bytes``), live like ``widened``.
+* one cuBLAS workspace (``GEMM_WORKSPACE``) in the working set: ``measure`` reports the
+  larger of its Triton and cuBLAS compiles.
 """
 
 import dataclasses
@@ -39,9 +62,11 @@ from jaxckpt.plan._state import (
     loss_scale_bytes,
     state_bytes,
     trainable_bytes,
+    transposed_bytes,
     update_workspace,
     widened_bytes,
 )
+from jaxckpt.plan._targets import GpuTarget, gpu_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -77,7 +102,18 @@ class Prediction:
         return {**dataclasses.asdict(self), "total": self.total}
 
 
-def layer_working_set(workload: Workload) -> int:
+GEMM_WORKSPACE = 4 * 2**20
+"""Bytes of the workspace XLA:GPU gives each cuBLAS matmul (``s8[4194304]`` in the custom
+call's result on the sm_80 and sm_90 targets); the calls run one at a time, so a step
+holds one. ``measure`` reports the larger peak of Triton's and cuBLAS's GEMMs, and on a
+small step that is cuBLAS's, by this workspace."""
+
+
+def _target(target: "str | GpuTarget | None") -> GpuTarget | None:
+    return None if target is None else gpu_target(target)
+
+
+def layer_working_set(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
     Its recomputed residuals, its weight-gradient slice, one cotangent of width F and
@@ -88,16 +124,19 @@ def layer_working_set(workload: Workload) -> int:
     Under FSDP nothing is added for the layer's gathered parameters: with it the
     prediction was one layer's parameters over XLA's peak (small, 8 devices); without
     it, ``tiny`` and ``small`` over 2-8 devices are within 6% of XLA.
+
+    For a GPU ``target`` the residuals are XLA:GPU's (``layer_graph(target=)``: no score
+    tile under cuDNN, fewer internals held).
     """
     config = workload.config
-    graph = layer_graph(workload)
+    graph = layer_graph(workload, target=target)
     n, e = workload.local_tokens, config.compute_dtype.itemsize
     cotangents = n * (config.ffn_dim + config.d_model) * e
     weight_grads = layer_trainable_bytes(config)
     return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile
 
 
-def head_working_set(workload: Workload) -> int:
+def head_working_set(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
     """The output head: the fp32 logits the loss reads and their gradient, ``[B, T, V]``
     each; in a 16-bit compute dtype also the logits and their gradient in it. A logit soft
     cap (``config.logits_softcap``) adds the capped logits and their gradient in fp32
@@ -105,6 +144,13 @@ def head_working_set(workload: Workload) -> int:
     the cap into the conversion and it adds nothing (11.6 bytes measured, 12 predicted,
     with or without it). Over several devices, also the head's weights gathered whole
     and their full gradient.
+
+    XLA:GPU (a GPU ``target``) fuses the log-softmax into the reductions that read the
+    logits: of the four buffers it keeps the fp32 gradient and one 16-bit buffer, the
+    logits and then (in the same place) their gradient cast to the compute dtype:
+    ``4 + e`` bytes a logit (8 in fp32), 6 in 16 bits (measured on ``gpt2`` at 8,192
+    tokens: ``f32[8,1024,50257]`` and ``bf16[8192,50257]`` at the peak, nothing else of
+    that size).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -114,16 +160,48 @@ def head_working_set(workload: Workload) -> int:
         True
         >>> head_working_set(w.replace(config=cfg.replace(logits_softcap=30.0))) == 2 * head_working_set(w)
         True
+        >>> bf16 = w.replace(config=cfg.replace(dtype="bfloat16"))
+        >>> head_working_set(bf16, target="h100-80g") == 2 * 64 * cfg.vocab_size * 6
+        True
     """
     config = workload.config
     gathered = 2 * config.vocab_size * config.d_model * config.storage_dtype.itemsize
     e = config.compute_dtype.itemsize
-    per_logit = 8 + (2 * e if e != 4 else 8 if config.logits_softcap is not None else 0)
+    if _target(target) is not None and config.logits_softcap is None:
+        per_logit = 4 + e
+    else:
+        per_logit = 8 + (2 * e if e != 4 else 8 if config.logits_softcap is not None else 0)
     head = workload.local_tokens * config.vocab_size * per_logit
     return head + (gathered if workload.devices > 1 else 0)
 
 
-def predict(workload: Workload, remat: "str | RematSpec") -> Prediction:
+def unwritten_grads(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+    """Gradient bytes not yet allocated while the head runs its backward pass.
+
+    XLA:CPU's peak holds every gradient with the head's working set (0 here). XLA:GPU
+    allocates the layer stacks' gradients when the backward scan first writes them, after
+    the head: the head's logits and the layers' gradients share addresses (``gpt2``: the
+    gradient stacks lie inside the freed ``f32[B, T, V]``). Only the head's own weight
+    gradient is live with it (under LoRA no gradient is: the head is frozen).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
+        >>> unwritten_grads(w), 0 < unwritten_grads(w, target="h100-80g") < plan.trainable_bytes(w)
+        (0, True)
+    """
+    if _target(target) is None:
+        return 0
+    config = workload.config
+    head = (
+        0 if config.lora is not None else config.vocab_size * config.d_model * config.storage_dtype.itemsize
+    )
+    return max(0, trainable_bytes(workload) - head // workload.devices)
+
+
+def predict(
+    workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
+) -> Prediction:
     """Predicts one device's memory for a train step from shapes (no compile; ``measure`` is the check).
 
     Args:
@@ -134,35 +212,46 @@ def predict(workload: Workload, remat: "str | RematSpec") -> Prediction:
             host master weights leave their compute-dtype copy (and its gradient) on the
             device, and the update streams leaf by leaf.
         remat: a preset name or ``RematSpec``.
+        target: the compiler the step is predicted for, as ``measure(target=)``: None for
+            XLA:CPU, a GPU target (``plan.TARGETS``, e.g. ``"h100-80g"``) for XLA:GPU
+            (see the module for what differs).
 
     Raises:
         TypeError: when ``workload`` is not a ``Workload``.
-        ValueError: for an unknown remat preset (or ``"auto"``: that is what ``plan_memory`` answers).
+        ValueError: for an unknown remat preset (or ``"auto"``: that is what ``plan_memory``
+            answers), or an unknown target.
 
     Example:
         >>> from jaxckpt import nn, plan
         >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=256)
         >>> plan.predict(w, "none").activations > plan.predict(w, "full").activations
         True
+        >>> bf16 = w.replace(config=w.config.replace(dtype="bfloat16", param_dtype="bfloat16"))
+        >>> plan.predict(bf16, "full", target="h100-80g").total < plan.predict(bf16, "full").total
+        True
     """
     require_workload(workload, "predict")
     spec = get_remat(remat)
+    target = _target(target)
     config = workload.config
     params, opt = state_bytes(workload)
-    graph = layer_graph(workload)
+    graph = layer_graph(workload, target=target)
     stored = stored_bytes(graph, spec, config)
-    layer = layer_working_set(workload)
-    if spec.enabled:  # what a layer keeps is not recomputed, so not held twice
+    layer = layer_working_set(workload, target=target)
+    if spec.enabled and target is None:  # what a layer keeps is not recomputed, so not held twice
         layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
+    if spec.enabled:
         k, _ = segments(config, spec)
         if config.n_layers > k > 1:
             # a segment's backward pass slices k layers' parameters and their gradients
             # out of the stacks (measured: XLA copies both)
             layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.devices
-    working = max(layer, head_working_set(workload))
-    widened = widened_bytes(workload)
+    head = head_working_set(workload, target=target) - unwritten_grads(workload, target=target)
+    working = max(layer, head) + (GEMM_WORKSPACE if target is not None else 0)
+    widened = widened_bytes(workload, target=target)
     if not spec.enabled:  # the stored casts are those copies
         widened = max(0, widened - config.n_layers * weight_casts(graph, config))
+    widened += transposed_bytes(workload, target=target)
     grads = trainable_bytes(workload) * (2 if workload.micro_batches > 1 else 1)
     host = 0
     if workload.optimizer_placement == "host":
@@ -170,11 +259,12 @@ def predict(workload: Workload, remat: "str | RematSpec") -> Prediction:
     if workload.master_placement == "host":  # the device holds a compute-dtype copy
         half = config.compute_dtype.itemsize
         host, params, grads = host + params, params * half // 4, grads * half // 4
+    activations = max(stored + working + widened, update_workspace(workload)) + loss_scale_bytes(workload)
     return Prediction(
         params=params,
         grads=grads,
         optimizer=opt,
-        activations=max(stored + working + widened, update_workspace(workload)) + loss_scale_bytes(workload),
+        activations=max(0, activations),
         inputs=workload.input_bytes,
         host=host,
     )

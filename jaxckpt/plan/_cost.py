@@ -6,6 +6,7 @@ from jaxckpt.plan._analytic import Prediction, predict
 from jaxckpt.plan._devices import DevicePreset
 from jaxckpt.plan._layer_graph import layer_graph
 from jaxckpt.plan._specs import saved_tags
+from jaxckpt.plan._targets import GpuTarget
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -51,8 +52,12 @@ def step_flops(workload: Workload) -> int:
     return workload.micro_batches * (config.n_layers * layer + (2 if config.lora else 3) * head)
 
 
-def choice(workload: Workload, remat: "str | RematSpec") -> Choice:
+def choice(
+    workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
+) -> Choice:
     """``remat`` with its prediction and per-step recompute FLOPs and offload bytes.
+
+    ``target``: the compiler predicted for (``predict(target=)``; None: XLA:CPU).
 
     ``layers_per_checkpoint = k`` recomputes each layer twice except the last of a segment.
     Over ``workload.devices`` (FSDP) the bytes and costs are one device's. The transfer
@@ -67,8 +72,8 @@ def choice(workload: Workload, remat: "str | RematSpec") -> Choice:
         (0, True)
     """
     spec = get_remat(remat)
-    pred = predict(workload, spec)
-    graph = layer_graph(workload)
+    pred = predict(workload, spec, target=target)
+    graph = layer_graph(workload, target=target)
     streamed = 2 * pred.host  # host-resident state comes in and goes back once a step
     if not spec.enabled:
         return Choice(spec, pred, 0, streamed)

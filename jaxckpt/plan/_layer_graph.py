@@ -18,6 +18,13 @@ graph: its bytes are those of the largest kind (a RoPE layer keeps its rotated q
 and the tables; a window changes no residual of the blockwise kernel), its FLOPs the
 mean over the stack's layers, so ``n_layers x`` a graph's FLOPs is the stack's sum.
 ``layer_graph(workload, kind)`` gives one kind's own graph.
+
+The graph is XLA:CPU's, or XLA:GPU's for a GPU target (``layer_graph(target=)``): there
+attention is cuDNN where it takes the layer (``attention_implementation``; the blockwise
+kernel's residuals, tagged alike, and no score tile: a deviceless compile leaves cuDNN's
+workspace at ``u8[0]``), and a recomputed backward holds fewer internals, as XLA:GPU fuses
+elementwise chains into their consumers: a norm's row statistics, not its fp32 normalised
+input, and ``ActivationCost.held_gpu`` of a gated activation.
 """
 
 import dataclasses
@@ -27,6 +34,7 @@ from types import MappingProxyType
 from jaxckpt.attention import BlockSizes, implementations
 from jaxckpt.nn import GATED, Activation, LayerKind, Norm, Positions, TransformerConfig
 from jaxckpt.plan._graph import LayerGraph, Op, Value
+from jaxckpt.plan._targets import GpuTarget, gpu_target
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import Tag
 
@@ -49,6 +57,31 @@ def materializes_scores(attention: str | None) -> bool:
     if attention not in registered:
         raise ValueError(f"config.attention={attention!r} is not registered; known: {sorted(registered)}")
     return registered[attention].materializes_scores
+
+
+def attention_implementation(config: TransformerConfig, target: "str | GpuTarget | None" = None) -> str:
+    """The ``flash_attention`` implementation the layers of ``config`` run when compiled for
+    ``target`` (None: XLA:CPU): ``config.attention`` when set; else, as ``implementation=None``
+    resolves it, cuDNN on a GPU where it takes the call (a 16-bit compute dtype, a head dim
+    of at most 128 and a multiple of 8, no logit soft cap, a causal or no window), and the
+    blockwise kernel otherwise.
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", dtype="bfloat16")
+        >>> attention_implementation(cfg), attention_implementation(cfg, "h100-80g")
+        ('blockwise', 'cudnn')
+        >>> attention_implementation(cfg.replace(dtype="float32"), "h100-80g")
+        'blockwise'
+    """
+    if config.attention is not None:
+        return config.attention
+    if target is None:
+        return "blockwise"
+    gpu_target(target)
+    h, windowed = config.head_dim, config.sliding_window is not None and not config.causal
+    fits = config.compute_dtype.itemsize == 2 and h <= 128 and h % 8 == 0 and config.attention_softcap is None
+    return "cudnn" if fits and not (windowed and any(k.sliding for k in config.layer_kinds)) else "blockwise"
 
 
 NORM_FLOPS = 5
@@ -97,10 +130,13 @@ class ActivationCost:
 
     Attributes:
         internals: tensors autodiff keeps inside the activation without remat.
-        held: those a recomputed layer holds during its backward pass (XLA fuses the
-            plain elementwise chain of an ungated GELU into the gradient, but keeps three
+        held: those a recomputed layer holds during its backward pass on XLA:CPU (XLA fuses
+            the plain elementwise chain of an ungated GELU into the gradient, but keeps three
             tensors of a gated activation, the product's operands among them).
         flops: forward FLOPs per element, the gating product included.
+        held_gpu: ``held`` on XLA:GPU, which fuses the gated activation's chain too and
+            keeps one tensor of it (measured on ``small``, SwiGLU: the backward's working set
+            was two ``[n, F]`` under three held).
 
     Example:
         >>> from jaxckpt import nn
@@ -112,14 +148,15 @@ class ActivationCost:
     internals: int
     held: int
     flops: int
+    held_gpu: int = 0
 
 
 ACTIVATION_COSTS = MappingProxyType(
     {
-        Activation.SWIGLU: ActivationCost(internals=3, held=3, flops=6),
+        Activation.SWIGLU: ActivationCost(internals=3, held=3, flops=6, held_gpu=1),
         # the tanh GELU's four (x^3 term, tanh, 1 - tanh^2, a product) and its output, for the
         # gate product; a recomputed layer holds three, as SwiGLU (measured, Gemma 2 shapes)
-        Activation.GEGLU_TANH: ActivationCost(internals=5, held=3, flops=9),
+        Activation.GEGLU_TANH: ActivationCost(internals=5, held=3, flops=9, held_gpu=1),
         Activation.GELU_TANH: ActivationCost(internals=4, held=0, flops=8),
         Activation.GELU: ActivationCost(internals=2, held=0, flops=8),
     }
@@ -159,7 +196,9 @@ def attention_flops(cfg: TransformerConfig, batch: int, seq: int, kind: LayerKin
     return 4 * pairs * cfg.head_dim + cap
 
 
-def layer_graph(workload: Workload, kind: LayerKind | None = None) -> LayerGraph:
+def layer_graph(
+    workload: Workload, kind: LayerKind | None = None, *, target: "str | GpuTarget | None" = None
+) -> LayerGraph:
     """The graph of one layer of ``workload.config`` on one device: ``[B / D, T]``.
 
     Only the model, the local batch and the sequence length matter (one micro-batch).
@@ -168,6 +207,8 @@ def layer_graph(workload: Workload, kind: LayerKind | None = None) -> LayerGraph
         workload: the step.
         kind: one layer kind's own graph; None: the stack's (the bytes of its largest
             kind, the FLOPs of its mean layer; see the module).
+        target: the compiler: None for XLA:CPU, a GPU target (``plan.TARGETS``) for
+            XLA:GPU (its attention implementation and fusions; see the module).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -179,13 +220,15 @@ def layer_graph(workload: Workload, kind: LayerKind | None = None) -> LayerGraph
         True
     """
     kinds = workload.config.layer_kinds if kind is None else (kind,)
-    return _layer_graph(workload.config, workload.local_batch, workload.seq, kinds)
+    target = None if target is None else gpu_target(target)
+    return _layer_graph(workload.config, workload.local_batch, workload.seq, kinds, target)
 
 
 @dataclasses.dataclass
 class _Parts:
-    """A layer graph under construction."""
+    """A layer graph under construction (for XLA:GPU's fusions when ``gpu``)."""
 
+    gpu: bool = False
     values: list[Value] = dataclasses.field(default_factory=list)
     ops: list[Op] = dataclasses.field(default_factory=list)
     reads: set[str] = dataclasses.field(default_factory=set)
@@ -254,14 +297,16 @@ def _norm(
     parts.ops.append(Op(name, (src,), (dst,), NORM_FLOPS * rows * width))
     kept, keeps_input = NORM_RESIDUALS[cfg.norm](itemsize, rows, width)
     parts.internals += kept
-    parts.held += rows * width * 4 + 2 * rows * 4  # the normalised input, held in a recomputed backward
+    # a recomputed backward holds the row statistics and, on XLA:CPU, the fp32 normalised
+    # input (XLA:GPU recomputes it inside the fusions that read it)
+    parts.held += 2 * rows * 4 + (0 if parts.gpu else rows * width * 4)
     parts.reads.add(src)
     if not keeps_input:
         parts.unkept.add(src)
 
 
 def _attention(
-    parts: _Parts, cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[LayerKind, ...]
+    parts: _Parts, cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[LayerKind, ...], attention: str
 ) -> None:
     """q, k, v from ``n1``; q/k norm; RoPE (on the rotary dims); attention; ``p`` the output projection."""
     n, e, h = batch * seq, cfg.compute_dtype.itemsize, cfg.head_dim
@@ -282,7 +327,7 @@ def _attention(
         parts.ops.append(Op("rope", (q, k), ("qr", "kr"), round(flops * sum(roped) / len(roped))))
         parts.internals += 4 * seq * cfg.rotary_dim * 4  # the broadcast cos / sin tables, fp32
         q, k = "qr", "kr"
-    flash = not materializes_scores(cfg.attention)
+    flash = not materializes_scores(attention)
     outputs = ("o", "lse") if flash else ("o",)
     parts.values.append(Value("o", Tag.ATTN_OUT if flash else None, n * nh * e))
     if flash:
@@ -294,13 +339,16 @@ def _attention(
     _projection(parts, cfg, "out_proj", "o", "p", Tag.OUT_PROJ, n, widths, cfg.attention_out_bias, "o")
 
 
-def _score_tile(cfg: TransformerConfig, batch: int, seq: int) -> int:
+def _score_tile(cfg: TransformerConfig, batch: int, seq: int, attention: str) -> int:
     """Bytes of attention scores in flight in the backward pass (see ``LayerGraph.attention_tile``).
 
     A logit soft cap adds no blockwise tile (XLA fuses the tanh into the tile's exponent:
     Gemma 2 shapes at T=1536 in 512-key tiles measured the same peak with and without it).
+    cuDNN's tiles live in its kernel (its workspace is ``u8[0]`` in a deviceless compile).
     """
-    if materializes_scores(cfg.attention):  # autodiff keeps scores and probabilities (and the tanh), fp32
+    if attention == "cudnn":
+        return 0
+    if materializes_scores(attention):  # autodiff keeps scores and probabilities (and the tanh), fp32
         capped = cfg.attention_softcap is not None
         return (2 + capped) * batch * cfg.n_heads * seq * seq * 4
     blocks = BlockSizes.auto(batch * cfg.n_heads).clamp(seq, seq)
@@ -319,7 +367,7 @@ def _mlp(parts: _Parts, cfg: TransformerConfig, n: int) -> None:
     parts.values.append(Value("a", Tag.MLP_ACT, n * f * cfg.compute_dtype.itemsize))
     parts.ops.append(Op("act", act_in, ("a",), cost.flops * n * f))
     parts.reads.update(act_in)
-    internals, held = cost.internals, cost.held
+    internals, held = cost.internals, cost.held_gpu if parts.gpu else cost.held
     if cfg.lora is not None and not set(cfg.lora.targets) & set(MLP_TARGETS):
         # a frozen MLP: no weight gradient waits on the activation's cotangents
         internals, held = internals - min(internals, 1), held - min(held, 2)
@@ -329,12 +377,21 @@ def _mlp(parts: _Parts, cfg: TransformerConfig, n: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _layer_graph(cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[LayerKind, ...]) -> LayerGraph:
-    """``layer_graph`` at ``[batch, seq]`` (one device's batch), over the layers of ``kinds``."""
+def _layer_graph(
+    cfg: TransformerConfig,
+    batch: int,
+    seq: int,
+    kinds: tuple[LayerKind, ...],
+    target: GpuTarget | None = None,
+) -> LayerGraph:
+    """``layer_graph`` at ``[batch, seq]`` (one device's batch), over the layers of ``kinds``,
+    compiled for ``target`` (None: XLA:CPU)."""
     n, d = batch * seq, cfg.d_model
-    parts = _Parts(values=[Value("x", Tag.LAYER_INPUT, n * d * cfg.compute_dtype.itemsize)])
+    attention = attention_implementation(cfg, target)
+    x = Value("x", Tag.LAYER_INPUT, n * d * cfg.compute_dtype.itemsize)
+    parts = _Parts(gpu=target is not None, values=[x])
     _norm(parts, cfg, "norm1", "x", "n1", n, d, Tag.NORM_OUT)
-    _attention(parts, cfg, batch, seq, kinds)
+    _attention(parts, cfg, batch, seq, kinds, attention)
     out = "p"
     if cfg.post_norms:  # Gemma: x + post(attn(pre(x))), and the same around the MLP
         _norm(parts, cfg, "post_norm1", "p", "pn", n, d)
@@ -345,12 +402,12 @@ def _layer_graph(cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[Laye
     _mlp(parts, cfg, n)
     if cfg.post_norms:
         _norm(parts, cfg, "post_norm2", "down", "dn", n, d)
-    tile = _score_tile(cfg, batch, seq)
+    tile = _score_tile(cfg, batch, seq, attention)
     return LayerGraph(
         values={v.name: v for v in parts.values},
         ops=tuple(parts.ops),
         reads=frozenset(parts.reads),
-        internals=parts.internals + (tile if materializes_scores(cfg.attention) else 0),
+        internals=parts.internals + (tile if materializes_scores(attention) else 0),
         attention_tile=tile,
         unkept_reads=frozenset(parts.unkept),
         recompute_internals=parts.held,

@@ -17,10 +17,17 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from jaxckpt.plan._analytic import head_working_set, layer_working_set, predict
+from jaxckpt.plan._analytic import (
+    GEMM_WORKSPACE,
+    head_working_set,
+    layer_working_set,
+    predict,
+    unwritten_grads,
+)
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
-from jaxckpt.plan._state import update_workspace
+from jaxckpt.plan._state import transposed_bytes, update_workspace
+from jaxckpt.plan._targets import GpuTarget
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec, Tag
 
@@ -40,6 +47,7 @@ def solve(
     offload: bool = False,
     tags: "Sequence[Tag] | None" = None,
     exclude: "Sequence[RematSpec]" = (),
+    target: "str | GpuTarget | None" = None,
 ) -> RematSpec | None:
     """The per-layer spec of least cost whose predicted peak is within ``budget`` (exact MILP).
 
@@ -50,6 +58,8 @@ def solve(
         offload: allow offloading tags to host memory.
         tags: restrict the decision to these tags (the others are recomputed).
         exclude: specs not to return (each a no-good cut on the choice variables).
+        target: the compiler the peak is predicted for (``predict(target=)``): None for
+            XLA:CPU, a GPU target name for XLA:GPU.
 
     Returns:
         The spec, or None when no spec's prediction fits.
@@ -61,12 +71,12 @@ def solve(
         >>> plan.predict(w, spec).total <= plan.predict(w, "save_attn").total
         True
     """
-    graph = layer_graph(workload)
+    graph = layer_graph(workload, target=target)
     tags = [t for t in (tags if tags is not None else _tunable(graph)) if t != Tag.LAYER_INPUT]
     program = _Program(graph, tags)
     program.add_recompute_rules(offload)
     program.add_exclusions(exclude)
-    if not program.add_budget(workload, budget):
+    if not program.add_budget(workload, budget, target):
         return None
     return program.solve(device)
 
@@ -131,18 +141,24 @@ class _Program:
                     flips += chosen
             self.constraint(coefs, 1 - flips, np.inf)
 
-    def add_budget(self, workload: Workload, budget: int) -> bool:
+    def add_budget(self, workload: Workload, budget: int, target) -> bool:
         """Every branch of the activation model's ``max`` within ``budget``; False when even the
-        optimizer update does not fit. Kept tags shrink the layer's working set too."""
-        base = predict(workload, RematSpec())
+        optimizer update does not fit. On XLA:CPU kept tags shrink the layer's working set too
+        (not held twice); XLA:GPU slices them out of their stacks as copies, and adds its
+        GEMM workspace and FSDP's transposed shards (``predict``)."""
+        base = predict(workload, RematSpec(), target=target)
         room = budget - (base.params + base.grads + base.optimizer + base.inputs)
         if room < update_workspace(workload):
             return False
         n, x = workload.config.n_layers, self.graph.values["x"].nbytes
         kept = lambda per_tag: {self.keep[t]: per_tag * self.tag_bytes[t] for t in self.tags}
-        # n*(x + K) + working - K <= room, and n*(x + K) + head <= room
-        self.constraint(kept(n - 1), -np.inf, room - n * x - layer_working_set(workload))
-        self.constraint(kept(n), -np.inf, room - n * x - head_working_set(workload))
+        on_gpu = target is not None
+        room -= (GEMM_WORKSPACE + transposed_bytes(workload, target=target)) if on_gpu else 0
+        layer = layer_working_set(workload, target=target)
+        head = head_working_set(workload, target=target) - unwritten_grads(workload, target=target)
+        # n*(x + K) + working - K <= room (XLA:GPU: + K), and n*(x + K) + head <= room
+        self.constraint(kept(n if on_gpu else n - 1), -np.inf, room - n * x - layer)
+        self.constraint(kept(n), -np.inf, room - n * x - head)
         return True
 
     def solve(self, device: DevicePreset) -> RematSpec | None:

@@ -8,6 +8,7 @@ lowered by the overshoot. A spec is only returned once its measured peak fits.
 """
 
 import dataclasses
+import os
 
 from jaxckpt._sizes import format_bytes
 from jaxckpt.plan._analytic import Prediction, predict
@@ -17,6 +18,7 @@ from jaxckpt.plan._measure import measure
 from jaxckpt.plan._milp import solve
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._state import state_bytes, trainable_bytes
+from jaxckpt.plan._targets import GpuTarget, gpu_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import PRESETS, RematSpec
 from jaxckpt.train import MemoryReport
@@ -104,6 +106,8 @@ class MemoryPlan:
             "predicted_bytes": self.predicted.total,
             "measured_bytes": self.measured.peak,
             "host_bytes": self.predicted.host,
+            "measured_host_bytes": self.measured.host_argument + self.measured.host_temp,
+            "measured_on": self.measured.measured_on,
             "recompute_flops": self.recompute_flops,
             "devices": self.devices,
         }
@@ -118,8 +122,10 @@ def plan_memory(
     *,
     headroom: float = 0.0,
     device: "str | DevicePreset" = "cpu",
-    offload: bool = False,
+    offload: bool | None = None,
     split_batch: bool = False,
+    target: "str | GpuTarget | None" = None,
+    autotune_results: "str | os.PathLike | None" = None,
 ) -> MemoryPlan:
     """The remat spec of least recompute whose compiled peak fits ``budget`` bytes.
 
@@ -134,9 +140,15 @@ def plan_memory(
             is per device and each candidate is compiled over D devices (``measure``).
         budget: bytes per device. headroom: the fraction of ``budget`` kept free.
         device: a ``DEVICES`` name or ``DevicePreset`` (prices recompute and offload).
-        offload: allow host offload of remat residuals (needs ``pinned_host`` to measure).
+        offload: allow host offload of remat residuals, priced at the device's host link
+            (needs a backend with its own host memory to measure); None: only for a GPU
+            target (XLA:CPU's ``pinned_host`` is the same RAM: it saves nothing).
         split_batch: when no spec fits the whole batch, cut it into the fewest
             micro-batches (``SPLITS``) that fit; ``MemoryPlan.workload`` says how.
+        target: None predicts and measures for XLA:CPU; a GPU target (``plan.TARGETS``)
+            predicts for XLA:GPU and compiles every candidate with it, without a GPU
+            (``measure(target=)``: the larger peak of the two GEMM emitters).
+        autotune_results: the target's autotune results from a real GPU (``measure``).
 
     Returns:
         A ``MemoryPlan`` whose ``measured.peak <= budget * (1 - headroom)``.
@@ -159,17 +171,19 @@ def plan_memory(
         raise ValueError(f"plan_memory: headroom={headroom!r} must be in [0, 1)")
     device = device_preset(device) if isinstance(device, str) else device
     limit = int(budget * (1 - headroom))
+    target = None if target is None else gpu_target(target)
+    compiler = _Compiler(target, autotune_results, target is not None if offload is None else offload)
     try:
-        return _plan_whole(workload, budget, limit, device, offload)
+        return _plan_whole(workload, budget, limit, device, compiler)
     except BudgetError as err:
         if not split_batch:
             raise
         whole = err
     for split in _splits(workload):
-        if predict(split, "full").total > limit * (1 + CHECK_MARGIN):
+        if compiler.predict(split, "full").total > limit * (1 + CHECK_MARGIN):
             continue
         try:
-            return _plan_whole(split, budget, limit, device, offload)
+            return _plan_whole(split, budget, limit, device, compiler)
         except BudgetError:
             continue
     raise whole
@@ -186,8 +200,28 @@ def _splits(workload: Workload) -> list[Workload]:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Compiler:
+    """The backend a plan is for: its model (``predict``/``choice``) and its measurement."""
+
+    target: GpuTarget | None
+    autotune_results: "str | os.PathLike | None"
+    offload: bool
+
+    def predict(self, workload: Workload, spec) -> Prediction:
+        return predict(workload, spec, target=self.target)
+
+    def choice(self, workload: Workload, spec) -> Choice:
+        return choice(workload, spec, target=self.target)
+
+    def measure(self, workload: Workload, spec) -> MemoryReport:
+        if self.target is None:
+            return measure(workload, spec)
+        return measure(workload, spec, target=self.target, autotune_results=self.autotune_results)
+
+
 def _plan_whole(
-    workload: Workload, budget: int, limit: int, device: DevicePreset, offload: bool
+    workload: Workload, budget: int, limit: int, device: DevicePreset, compiler: _Compiler
 ) -> MemoryPlan:
     """``plan_memory`` for the batch as given (no split)."""
     attempts = []
@@ -195,23 +229,25 @@ def _plan_whole(
     def try_spec(spec: RematSpec) -> MemoryReport:
         done = next((m for s, _, m in attempts if s == spec), None)
         if done is None:
-            done = measure(workload, spec)
-            attempts.append((spec, predict(workload, spec), done))
+            done = compiler.measure(workload, spec)
+            attempts.append((spec, compiler.predict(workload, spec), done))
         return done
 
     def found(spec: RematSpec) -> MemoryPlan:
-        return _plan(workload, budget, choice(workload, spec), try_spec(spec), minimum, attempts)
+        return _plan(workload, budget, compiler.choice(workload, spec), try_spec(spec), minimum, attempts)
 
-    minimum = predict(workload, "full").total
+    minimum = compiler.predict(workload, "full").total
     # The prediction is within a few % of XLA, either way: a spec predicted slightly over
     # the limit may fit, so the search starts optimistic and lets the compiler decide.
-    target = int(limit * (1 + PREDICTION_MARGIN))
+    aim = int(limit * (1 + PREDICTION_MARGIN))
     none = PRESETS["none"]
-    if predict(workload, none).total <= limit * (1 + CHECK_MARGIN) and try_spec(none).peak <= limit:
+    if compiler.predict(workload, none).total <= limit * (1 + CHECK_MARGIN) and try_spec(none).peak <= limit:
         return found(none)  # no recompute at all
     excluded: list[RematSpec] = []
     for _ in range(MAX_ATTEMPTS):
-        spec = solve(workload, target, device=device, offload=offload, exclude=excluded)
+        spec = solve(
+            workload, aim, device=device, offload=compiler.offload, exclude=excluded, target=compiler.target
+        )
         if spec is None:
             break
         measured = try_spec(spec)
@@ -224,12 +260,12 @@ def _plan_whole(
         # low: ask for less.
         excluded.append(spec)
         if len(excluded) >= CUTS_BEFORE_TIGHTENING:
-            target = min(target, predict(workload, spec).total) - (measured.peak - limit)
+            aim = min(aim, compiler.predict(workload, spec).total) - (measured.peak - limit)
     # the prediction may be above what XLA needs: full remat settles it
     smallest = try_spec(PRESETS["full"]).peak
     if smallest <= limit:
         return found(PRESETS["full"])
-    raise BudgetError(_infeasible_message(workload, limit, smallest), smallest)
+    raise BudgetError(_infeasible_message(workload, limit, smallest, compiler), smallest)
 
 
 def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempts) -> MemoryPlan:
@@ -248,11 +284,11 @@ def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempt
     )
 
 
-def _infeasible_message(workload: Workload, limit: int, smallest: int) -> str:
+def _infeasible_message(workload: Workload, limit: int, smallest: int, compiler: _Compiler) -> str:
     """What would fit instead, each with its predicted peak under full remat: micro-batches,
     a shorter sequence, another optimizer, LoRA, QLoRA, more devices; and what was tried of
     those and would not fit alone."""
-    full = lambda w: predict(w, "full").total
+    full = lambda w: compiler.predict(w, "full").total
     fits, short = [], []
 
     def offer(label: str, candidates: list[Workload]) -> None:

@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from jaxckpt.nn import Transformer, TransformerConfig, trainable
+from jaxckpt.plan._targets import GpuTarget, gpu_target
 from jaxckpt.plan._workload import OPTIMIZERS, Workload, optimizer_config
 from jaxckpt.train import OptimizerConfig, state_shardings
 
@@ -254,14 +255,15 @@ def _widened_bytes(config: TransformerConfig, devices: int) -> int:
     return total
 
 
-def widened_bytes(workload: Workload) -> int:
+def widened_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
     """Bytes of XLA:CPU's float32 copies of the layer stacks stored in bfloat16.
 
     XLA:CPU has no bfloat16 kernels: its float normalization runs every bfloat16 op in
     float32, the scan's slicing of a weight stack among them, so each bfloat16 stack
     gets a float32 copy, live through the forward and backward passes (measured on
     ``small``: the step's temp grows by 4 bytes per bfloat16 weight). float16, which it
-    computes natively, gets none, nor would a backend with bfloat16 kernels.
+    computes natively, gets none, nor does XLA:GPU, which has bfloat16 kernels: for a GPU
+    ``target`` (``plan.TARGETS``) this is 0.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -272,6 +274,8 @@ def widened_bytes(workload: Workload) -> int:
         True
         >>> widened_bytes(w.replace(config=cfg.replace(param_dtype="float16")))
         0
+        >>> widened_bytes(w, target="h100-80g")
+        0
 
     Host master weights (``master_placement="host"``) in a bfloat16 compute: the device's
     bfloat16 copies of the float32 masters are held in float32 there (XLA drops the
@@ -279,7 +283,51 @@ def widened_bytes(workload: Workload) -> int:
     weight over the copy ``predict`` counts (measured on ``small``: +48 MiB for 24M
     stack weights).
     """
+    if target is not None:
+        gpu_target(target)
+        return 0
     config = workload.config
     if workload.master_placement == "host" and config.compute_dtype == WIDENED:
         return _widened_bytes(config.replace(param_dtype=config.dtype), workload.devices) // 2
     return _widened_bytes(config, workload.devices)
+
+
+@functools.lru_cache(maxsize=64)
+def _transposed_bytes(config: TransformerConfig, devices: int) -> int:
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    stacks = nnx.state(model)["blocks"]
+    mesh = AbstractMesh((1, devices), ("data", "fsdp"))
+    shardings = state_shardings(stacks, mesh)
+    total = 0
+    for leaf, sharding in zip(jax.tree.leaves(stacks), jax.tree.leaves(shardings), strict=True):
+        split = [d for d, axis in enumerate(sharding.spec) if axis is not None]
+        if split and split[0] > 1:  # axis 0 is the layer; 1 is a layer's major axis
+            total += math.prod(sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def transposed_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+    """Bytes of XLA:GPU's transposed copies of the layer stacks FSDP splits along a minor axis.
+
+    XLA:GPU all-gathers along an operand's major dimension. A stack that ``fsdp=D`` splits
+    along a layer's minor axis (the widest one: an up or gate projection's F) is
+    relaid out once, its local shard copied whole with the split axis major (the copy is
+    hoisted out of both scans and lives through the forward and backward passes): a
+    ``llama2-7b`` device over 8 holds ``bf16[1376, 32, 4096]`` copies of its gate and up
+    shards, 344 MiB each, beside the stacks. XLA:CPU, one device, or a stack split along a
+    layer's major axis (down, q, k, v, o): 0.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=4, seq=64, devices=4)
+        >>> transposed_bytes(w), transposed_bytes(w, target="h100-80g") > 0
+        (0, True)
+        >>> transposed_bytes(w.replace(devices=1), target="h100-80g")
+        0
+    """
+    if target is None or workload.devices == 1:
+        if target is not None:
+            gpu_target(target)
+        return 0
+    gpu_target(target)
+    return _transposed_bytes(workload.config, workload.devices)

@@ -6,12 +6,14 @@ planner's answer (or its ``BudgetError``) and every spec it compiled on the way.
 """
 
 import dataclasses
+import os
 
 from jaxckpt.plan._cost import Choice, choice, step_flops
 from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import CPU_CAVEAT
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
+from jaxckpt.plan._targets import AUTOTUNE_CAVEAT, CPU, GpuTarget, gpu_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import PRESETS, has_pinned_host
 
@@ -85,6 +87,12 @@ class PresetTable:
     offload_shown: bool
     device: str | None = None
     model: str | None = None
+    target: GpuTarget | None = None
+
+    @property
+    def measured_on(self) -> str:
+        """The compiler every measured figure comes from: ``"xla-cpu"`` or ``"xla-gpu:<target>"``."""
+        return CPU if self.target is None else self.target.measured_on
 
     @property
     def usable_bytes(self) -> int:
@@ -113,7 +121,8 @@ class PresetTable:
             "step_flops": self.step_flops,
             "rows": [row.to_dict() for row in self.rows],
             "chosen": None,
-            "caveat": CPU_CAVEAT,
+            "measured_on": self.measured_on,
+            "caveat": CPU_CAVEAT if self.target is None else AUTOTUNE_CAVEAT,
             "offload_rows": "shown" if self.offload_shown else "omitted: no pinned_host memory here",
             "model": self.model,
             "device": self.device,
@@ -125,7 +134,13 @@ class PresetTable:
         spec = {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(c.spec).items()}
         result["chosen"] = {**c.to_dict(), "spec": spec, "predicted_bytes": int(c.predicted.total)}
         result["attempts"] = [  # every spec the planner compiled, in order
-            {"remat": spec_name(s), "predicted_bytes": int(p.total), "measured_bytes": int(m.peak)}
+            {
+                "remat": spec_name(s),
+                "predicted_bytes": int(p.total),
+                "measured_bytes": int(m.peak),
+                "measured_on": m.measured_on,
+                **({} if m.peak_range is None else {"measured_range_bytes": list(m.peak_range)}),
+            }
             for s, p, m in c.attempts
         ]
         return result
@@ -139,6 +154,8 @@ def preset_table(
     device: "str | DevicePreset | None" = None,
     model: str | None = None,
     split_batch: bool = False,
+    target: "str | GpuTarget | None" = None,
+    autotune_results: "str | os.PathLike | None" = None,
 ) -> PresetTable:
     """Every remat preset's predicted bytes and recompute, and ``plan_memory``'s answer.
 
@@ -149,6 +166,10 @@ def preset_table(
         model: the model's preset name, carried into the report.
         split_batch: let the planner cut the batch into micro-batches (``plan_memory``);
             the rows stay those of the batch as given.
+        target: a GPU target (``plan.TARGETS``): rows predicted for XLA:GPU, the plan
+            compiled with it (``plan_memory(target=)``), offload presets shown and
+            planned for (a GPU has host memory of its own). None: XLA:CPU.
+        autotune_results: the target's autotune results from a real GPU.
 
     Returns:
         A ``PresetTable``; when nothing fits, its ``chosen`` is None and ``error`` the
@@ -165,6 +186,7 @@ def preset_table(
         (True, ['none', 'full'])
     """
     require_workload(workload, "preset_table")
+    target = None if target is None else gpu_target(target)
     preset = device_preset(device) if isinstance(device, str) else device
     name = None if preset is None else preset.name
     chosen, error = None, None
@@ -175,13 +197,16 @@ def preset_table(
             headroom=headroom,
             device=preset or device_preset("cpu"),
             split_batch=split_batch,
+            target=target,
+            autotune_results=autotune_results,
         )
     except BudgetError as err:
         error = err
     limit = int(budget * (1 - headroom))
     step = step_flops(workload)
-    names = [n for n in PRESETS if has_pinned_host() or not PRESETS[n].offload]
-    rows = [_row(n, choice(workload, n), limit, step) for n in names]
+    offload = target is not None or has_pinned_host()
+    names = [n for n in PRESETS if offload or not PRESETS[n].offload]
+    rows = [_row(n, choice(workload, n, target=target), limit, step) for n in names]
     if chosen is not None and chosen.remat not in names:
         c = Choice(chosen.spec, chosen.predicted, chosen.recompute_flops, 0)
         rows.append(_row(chosen.remat, c, limit, step))
@@ -191,8 +216,8 @@ def preset_table(
     else:
         minimum, source = int(error.minimum_bytes), "measured"
     return PresetTable(
-        workload, budget, headroom, tuple(rows), chosen, error, minimum, source, step, has_pinned_host(),
-        device=name, model=model,
+        workload, budget, headroom, tuple(rows), chosen, error, minimum, source, step, offload,
+        device=name, model=model, target=target,
     )  # fmt: skip
 
 
