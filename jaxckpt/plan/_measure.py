@@ -14,8 +14,9 @@ from jaxckpt.remat import get as get_remat
 from jaxckpt.train import MemoryReport
 
 CPU_CAVEAT = (
-    "measured with XLA:CPU's buffer assignment, a proxy for GPU/NPU: their compilers fuse, schedule "
-    "and pad differently, and the size of that difference has not been measured yet (no GPU/NPU run)"
+    "measured with XLA:CPU's buffer assignment, a proxy for GPU/NPU: it computes in float32 and keeps "
+    "float32 copies of 16-bit buffers, so in bf16 it needs up to twice what XLA:GPU does (measure with "
+    "target= for a GPU); an NPU's compiler has not been measured"
 )
 """How far XLA:CPU's figures carry to other backends (printed with every measured figure)."""
 
