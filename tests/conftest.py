@@ -32,11 +32,9 @@ import jax
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from jaxckpt.plan import gpu_aot_unavailable, quiet_cuda_plugin_without_driver
-
-# With the gpu-aot extra on a machine without a GPU driver: the CPU, without the CUDA
-# plugin's start-up traceback in every test process (and in the subprocesses tests start).
-quiet_cuda_plugin_without_driver()
+# import jaxckpt chooses the CPU platform with the gpu-aot extra on a machine without a GPU
+# driver (no CUDA plugin start-up traceback in every test process and the subprocesses).
+from jaxckpt.plan import gpu_aot_unavailable
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update(

@@ -41,6 +41,12 @@ def compiling_for(target: str):
 
     Raises:
         ValueError: when ``target`` is not one of ``PLATFORMS``.
+
+    Example:
+        >>> from jaxckpt.attention import compiling_for, implementations
+        >>> with compiling_for("gpu"):
+        ...     implementations()["cudnn"].unavailable() is None
+        True
     """
     if target not in PLATFORMS:
         raise ValueError(

@@ -86,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
           "jaxckpt": ...
         0
     """
-    plan.quiet_cuda_plugin_without_driver()  # before JAX starts a backend
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

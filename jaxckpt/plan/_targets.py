@@ -214,12 +214,18 @@ def quiet_cuda_plugin_without_driver() -> bool:
     NVIDIA driver, and no platform was chosen (``JAX_PLATFORMS``).
 
     JAX falls back to the CPU there anyway, after printing the plugin's failed start-up (a
-    traceback in every process); a deviceless compile needs no driver. The ``jaxckpt``
-    command and the test suite call it before JAX starts a backend; ``import jaxckpt``
-    does not. Sets ``JAX_PLATFORMS=cpu`` for subprocesses too.
+    traceback in every process), and a deviceless compile needs the plugin to start, which
+    it does on the CPU platform without a driver. ``import jaxckpt`` calls it (so it must
+    come before anything starts a JAX backend to take effect). Sets ``JAX_PLATFORMS=cpu``
+    for subprocesses too.
 
     Returns:
         Whether it chose the CPU.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> plan.quiet_cuda_plugin_without_driver()  # import jaxckpt did it already
+        False
     """
     if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
         return False
@@ -234,9 +240,9 @@ def quiet_cuda_plugin_without_driver() -> bool:
 def deviceless():
     """The context of a compile for a GPU target: attention traced for a GPU
     (``attention.compiling_for("gpu")``: ``implementation=None`` may pick cuDNN), and
-    JAX's persistent compilation cache off, since a deviceless executable cannot be read
-    back (that needs a client of its platform): caching it only writes an entry that
-    warns when the next compile of the same program tries to load it.
+    JAX's persistent compilation cache kept from writing, since a deviceless executable
+    cannot be read back (that needs a client of its platform): caching it only writes an
+    entry that warns when the next compile of the same program tries to load it.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -247,10 +253,17 @@ def deviceless():
         ...     with plan.deviceless():
         ...         c = jax.jit(jnp.sin).lower(jax.ShapeDtypeStruct((8,), jnp.float32, sharding=s)).compile()
     """
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
+    # JAX decides once per process whether it uses the cache, so turning it off may come too
+    # late; an entry is only written for a compile slower than the minimum, so none is
+    before = {name: getattr(jax.config, name) for name in _NO_CACHE_WRITES}
     try:
+        for name, value in _NO_CACHE_WRITES.items():
+            jax.config.update(name, value)
         with compiling_for("gpu"):
             yield
     finally:
-        jax.config.update("jax_enable_compilation_cache", before)
+        for name, value in before.items():
+            jax.config.update(name, value)
+
+
+_NO_CACHE_WRITES = {"jax_enable_compilation_cache": False, "jax_persistent_cache_min_compile_time_secs": 1e9}
