@@ -7,8 +7,14 @@ of ``jaxckpt train --mesh fsdp=D``: the state given as ``ShapeDtypeStruct``s wit
 shardings of ``jaxckpt.train.state_shardings``, the batch split over the devices;
 XLA's memory analysis of an SPMD program describes one device. Nothing is allocated.
 
+With a GPU ``target`` (``plan.TARGETS``) the same step is lowered over that GPU's abstract
+devices (``target_devices``) and compiled by XLA:GPU without one, under
+``plan.deviceless()`` (attention traced for a GPU; no persistent-cache writes), with the
+GEMM emitter ``gemm`` or a real GPU's autotune results.
+
 XLA:CPU's memory analysis counts arguments placed in ``pinned_host`` among the device's
-(``host_argument_size_in_bytes`` stays 0: on CPU they are the same RAM). A device with
+(``host_argument_size_in_bytes`` stays 0: on CPU they are the same RAM; a deviceless
+XLA:GPU compile does the same, though it reports offloaded activations as host temp). A device with
 its own memory holds them on the host, so ``compile_report`` moves the host-placed
 optimizer state (and host master weights, ``master_placement="host"``) out of the
 argument, output and alias figures, and the peak is the device's; on a backend that
