@@ -243,16 +243,20 @@ WIDENED = jnp.dtype(jnp.bfloat16)
 
 
 @functools.lru_cache(maxsize=64)
-def _widened_bytes(config: TransformerConfig, devices: int) -> int:
+def _stack_shards(config: TransformerConfig, devices: int) -> tuple:
+    """``(dtype, shard shape, partition spec)`` of each layer-stack leaf on one of ``devices``
+    FSDP devices (``state_shardings``)."""
     model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     stacks = nnx.state(model)["blocks"]
-    mesh = AbstractMesh((1, devices), ("data", "fsdp"))
-    shardings = state_shardings(stacks, mesh)
-    total = 0
-    for leaf, sharding in zip(jax.tree.leaves(stacks), jax.tree.leaves(shardings), strict=True):
-        if leaf.dtype == WIDENED:
-            total += math.prod(sharding.shard_shape(leaf.shape)) * 4
-    return total
+    shardings = state_shardings(stacks, AbstractMesh((1, devices), ("data", "fsdp")))
+    return tuple(
+        (jnp.dtype(leaf.dtype), sharding.shard_shape(leaf.shape), sharding.spec)
+        for leaf, sharding in zip(jax.tree.leaves(stacks), jax.tree.leaves(shardings), strict=True)
+    )
+
+
+def _widened_bytes(config: TransformerConfig, devices: int) -> int:
+    return sum(math.prod(shape) * 4 for dtype, shape, _ in _stack_shards(config, devices) if dtype == WIDENED)
 
 
 def widened_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
@@ -292,17 +296,12 @@ def widened_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None
     return _widened_bytes(config, workload.devices)
 
 
-@functools.lru_cache(maxsize=64)
 def _transposed_bytes(config: TransformerConfig, devices: int) -> int:
-    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    stacks = nnx.state(model)["blocks"]
-    mesh = AbstractMesh((1, devices), ("data", "fsdp"))
-    shardings = state_shardings(stacks, mesh)
     total = 0
-    for leaf, sharding in zip(jax.tree.leaves(stacks), jax.tree.leaves(shardings), strict=True):
-        split = [d for d, axis in enumerate(sharding.spec) if axis is not None]
+    for dtype, shape, spec in _stack_shards(config, devices):
+        split = [d for d, axis in enumerate(spec) if axis is not None]
         if split and split[0] > 1:  # axis 0 is the layer; 1 is a layer's major axis
-            total += math.prod(sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+            total += math.prod(shape) * dtype.itemsize
     return total
 
 
