@@ -30,13 +30,12 @@ import argparse
 import json
 import sys
 
-from rich import box
 from rich.console import Console
 from rich.measure import Measurement
-from rich.table import Table
 
 from jaxckpt import nn, plan, remat
 from jaxckpt.cli._flags import FLAGS, flag_message
+from jaxckpt.cli._plan_table import attempts_line, chosen_line, compiler_label, table
 
 PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"} | {d: d for d in nn.DTYPES}
 """``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
@@ -51,15 +50,6 @@ PLAN_FLAGS = {
 }
 """Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
 has the rest)."""
-
-
-_SIZE_COLUMNS = (
-    ("params", "params_bytes"),
-    ("grads", "grads_bytes"),
-    ("optimizer", "optimizer_bytes"),
-    ("activations", "activation_bytes"),
-    ("total", "total_bytes"),
-)
 
 
 def _positive_int(text: str) -> int:
@@ -202,12 +192,6 @@ def compile_target(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return None, f"measured with XLA:CPU, not XLA:GPU: {missing}"
 
 
-def compiler_label(measured_on: str) -> str:
-    """``"xla-cpu"`` -> ``"XLA:CPU"``; ``"xla-gpu:h100-80g"`` -> ``"XLA:GPU h100-80g"``."""
-    kind, _, target = measured_on.partition(":")
-    return kind.upper().replace("-", ":") + (f" {target}" if target else "")
-
-
 def model_config(
     args: argparse.Namespace, device: plan.DevicePreset
 ) -> tuple[nn.TransformerConfig, str | None]:
@@ -284,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(t)
         if answer.chosen is not None:
             label = compiler_label(result["measured_on"])
-            console.print(_chosen_line(result["chosen"], result["config"], label))
-            console.print(_attempts_line(result["attempts"], label))
+            console.print(chosen_line(result["chosen"], result["config"], label))
+            console.print(attempts_line(result["attempts"], label))
     if answer.error is not None:
         print(f"jaxckpt plan: {result['error']}", file=sys.stderr)
         return 1
@@ -325,103 +309,3 @@ def check(
             f"{verdict} {plan.format_bytes(limit)}" + "".join(f". {n}" for n in result["notes"])
         )
     return 0 if result["fits"] else 1
-
-
-def table(result: dict) -> Table:
-    """The rows as a rich table; the chosen one starred, with XLA's measured peak."""
-    c, rows = result["config"], result["rows"]
-    micro = f" x{c['micro_batches']} micro-batches" if c["micro_batches"] > 1 else ""
-    title = f"{result['model']} B={c['batch']} T={c['seq']}{micro}, {c['optimizer']}"
-    if c["moments_dtype"]:
-        title += f" ({c['moments_dtype']} moments)"
-    if c["optimizer_placement"] == "host":
-        title += " (state in host memory)"
-    title += f", {c['param_dtype']} params, {c['dtype']} compute"
-    if c["lora"] is not None:
-        lora = c["lora"]
-        kind = f"QLoRA {c['quantize_base']}" if c["quantize_base"] else "LoRA"
-        title += f", {kind} r={lora['rank']} on {','.join(lora['targets'])}"
-    if c["devices"] > 1:
-        title += f"; per device, FSDP over {c['devices']} devices (B={c['batch'] // c['devices']} each)"
-    budget = plan.format_bytes(result["budget_bytes"])
-    if result["device"]:
-        budget += f" ({result['device']}, {result['budget_bytes'] / 1e9:g} GB)"
-    if result["headroom"]:
-        budget += f" less {result['headroom']:.0%} headroom"
-    source = "predicted" if result["minimum_source"] == "predicted" else "measured by XLA"
-    on_gpu = result["measured_on"] != "xla-cpu"
-    devices_kind = f"{result['measured_on'].partition(':')[2]} devices" if on_gpu else "simulated CPU devices"
-    notes = [
-        *result.get("notes", []),
-        f"budget {budget}; smallest peak {plan.format_bytes(result['minimum_bytes'])} ({source})",
-        "sizes and fits are predicted from shapes; recompute: extra FLOPs as a share of a step's",
-        *(
-            [f"measured: the FSDP step compiled over {c['devices']} {devices_kind}, one device's peak"]
-            if c["devices"] > 1
-            else []
-        ),
-    ]
-    if any(r["activation_bytes"] == r["params_bytes"] for r in rows):
-        notes.append("activations equal to params are the floor: the update reuses their buffers")
-    if result["offload_rows"] != "shown":
-        notes.append(f"offload presets {result['offload_rows']}")
-    if c["optimizer_placement"] == "host":
-        notes.append(
-            "the optimizer state is in host memory: left out of the device's sizes (on CPU it is the "
-            "same RAM and saves nothing), its traffic priced at the host link"
-        )
-    chosen = result["chosen"]
-    if chosen is not None and chosen["micro_batches"] != c["micro_batches"]:
-        notes.append(
-            f"the rows are for the batch as given; the chosen spec is for B={chosen['batch']} "
-            f"x{chosen['micro_batches']} micro-batches (--split-batch: the whole batch fits no spec)"
-        )
-    notes.append(f"{compiler_label(result['measured_on'])} peaks were {result['caveat']}")
-    caption = ". ".join(n[0].upper() + n[1:] for n in notes) + "."
-    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
-    t.add_column("remat", justify="left")
-    for header, _ in _SIZE_COLUMNS:
-        t.add_column(header, justify="right")
-    for header in ("fits", "recompute", "measured"):
-        t.add_column(header, justify="right")
-    for r in result["rows"]:
-        is_chosen = chosen is not None and r["remat"] == chosen["remat"]
-        t.add_row(
-            ("* " if is_chosen else "  ") + r["remat"],
-            *(plan.format_bytes(r[key]) for _, key in _SIZE_COLUMNS),
-            "yes" if r["fits"] else "no",
-            _percent(r["recompute_fraction"]),
-            plan.format_bytes(chosen["measured_bytes"]) if is_chosen else "",
-            style="bold" if is_chosen else None,
-        )
-    return t
-
-
-def _percent(fraction: float) -> str:
-    return "<0.1%" if 0 < fraction < 0.001 else f"{fraction:.1%}"
-
-
-def _chosen_line(chosen: dict, config: dict, label: str) -> str:
-    """One line on the chosen spec: what a solved spec keeps per layer, and XLA's peak."""
-    spec, what = chosen["spec"], "a preset"
-    if chosen["remat"] == "solved":
-        what = f"keeps {', '.join(spec['save']) or 'only the layer input'} per layer"
-        if spec["offload"]:
-            what += f", offloads {', '.join(spec['offload'])}"
-        what += ", recomputes the rest"
-    peak = plan.format_bytes(chosen["measured_bytes"])
-    split = ""
-    if chosen["micro_batches"] != config["micro_batches"]:
-        split = f" at B={chosen['batch']} x{chosen['micro_batches']} micro-batches"
-    host = chosen.get("measured_host_bytes", 0)
-    on_host = f" (+{plan.format_bytes(host)} in host memory)" if host else ""
-    return f"* chosen: {chosen['remat']} ({what}){split}; {label} measured a {peak} peak{on_host}"
-
-
-def _attempts_line(attempts: list[dict], label: str) -> str:
-    """The specs the planner compiled: predicted -> measured, so a miss of the model shows."""
-    tried = "; ".join(
-        f"{a['remat']} {plan.format_bytes(a['predicted_bytes'])} -> {plan.format_bytes(a['measured_bytes'])}"
-        for a in attempts
-    )
-    return f"  compiled (predicted -> {label}): {tried}"
