@@ -10,7 +10,7 @@ import pytest
 
 from jaxckpt import nn, plan
 from jaxckpt.plan._analytic import head_working_set, unwritten_grads
-from jaxckpt.plan._layer_graph import attention_implementation
+from jaxckpt.plan._layer_costs import attention_implementation
 from jaxckpt.plan._state import transposed_bytes
 
 TARGET = "h100-80g"

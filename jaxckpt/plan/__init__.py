@@ -12,9 +12,9 @@ devices) and, where it asks about one, a remat spec:
   to every preset; ``resolve_auto`` answers ``remat="auto"``.
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
-``_devices``, ``_targets``, ``_specs``, ``_state``, ``_layer_graph``, ``_compile``, ``_sharded``,
-``_measure``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_solver``,
-``_table``, ``_auto``.
+``_devices``, ``_targets``, ``_specs``, ``_state``, ``_layer_costs``, ``_layer_graph``,
+``_compile``, ``_sharded``, ``_measure``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``,
+``_solver``, ``_table``, ``_auto``.
 
 Example:
     >>> from jaxckpt import nn, plan
