@@ -199,6 +199,20 @@ def unwritten_grads(workload: Workload, *, target: "str | GpuTarget | None" = No
     return max(0, trainable_bytes(workload) - head // workload.devices)
 
 
+def head_branch(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+    """The head's side of the activation model's ``max``: its working set, less the gradients
+    not yet written while it runs (``predict`` and the solver's budget rows)."""
+    return head_working_set(workload, target=target) - unwritten_grads(workload, target=target)
+
+
+def compiler_extras(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+    """What a GPU target's step holds beside the model's branches, whatever is saved: one
+    cuBLAS workspace and FSDP's transposed shards (``transposed_bytes``); 0 on XLA:CPU."""
+    if _target(target) is None:
+        return 0
+    return GEMM_WORKSPACE + transposed_bytes(workload, target=target)
+
+
 def predict(
     workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
 ) -> Prediction:
@@ -246,12 +260,10 @@ def predict(
             # a segment's backward pass slices k layers' parameters and their gradients
             # out of the stacks (measured: XLA copies both)
             layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.devices
-    head = head_working_set(workload, target=target) - unwritten_grads(workload, target=target)
-    working = max(layer, head) + (GEMM_WORKSPACE if target is not None else 0)
+    working = max(layer, head_branch(workload, target=target)) + compiler_extras(workload, target=target)
     widened = widened_bytes(workload, target=target)
     if not spec.enabled:  # the stored casts are those copies
         widened = max(0, widened - config.n_layers * weight_casts(graph, config))
-    widened += transposed_bytes(workload, target=target)
     grads = trainable_bytes(workload) * (2 if workload.micro_batches > 1 else 1)
     host = 0
     if workload.optimizer_placement == "host":

@@ -17,16 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from jaxckpt.plan._analytic import (
-    GEMM_WORKSPACE,
-    head_working_set,
-    layer_working_set,
-    predict,
-    unwritten_grads,
-)
+from jaxckpt.plan._analytic import compiler_extras, head_branch, layer_working_set, predict
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
-from jaxckpt.plan._state import transposed_bytes, update_workspace
+from jaxckpt.plan._state import update_workspace
 from jaxckpt.plan._targets import GpuTarget
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec, Tag
@@ -153,9 +147,9 @@ class _Program:
         n, x = workload.config.n_layers, self.graph.values["x"].nbytes
         kept = lambda per_tag: {self.keep[t]: per_tag * self.tag_bytes[t] for t in self.tags}
         on_gpu = target is not None
-        room -= (GEMM_WORKSPACE + transposed_bytes(workload, target=target)) if on_gpu else 0
+        room -= compiler_extras(workload, target=target)
         layer = layer_working_set(workload, target=target)
-        head = head_working_set(workload, target=target) - unwritten_grads(workload, target=target)
+        head = head_branch(workload, target=target)
         # n*(x + K) + working - K <= room (XLA:GPU: + K), and n*(x + K) + head <= room
         self.constraint(kept(n if on_gpu else n - 1), -np.inf, room - n * x - layer)
         self.constraint(kept(n), -np.inf, room - n * x - head)
