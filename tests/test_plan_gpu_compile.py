@@ -38,6 +38,8 @@ def test_unknown_targets_and_platforms_are_refused_by_name():
         pass
     with pytest.raises(FileNotFoundError, match=r"autotune_results='no-such\.pb'"):
         plan.measure(tiny(), "full", target="h100-80g", autotune_results="no-such.pb")
+    with pytest.raises(ValueError, match="autotune_results are XLA:GPU's"):
+        plan.measure(tiny(), "full", autotune_results="no-such.pb")
 
 
 def test_compiling_for_restores_the_platform():

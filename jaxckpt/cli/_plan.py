@@ -281,10 +281,7 @@ def check(
 ) -> int:
     """``--remat R``: R's predicted and XLA-measured peak against the budget; 0 when it fits, else 1."""
     predicted = plan.predict(workload, args.remat, target=target)
-    if target is None:
-        measured = plan.measure(workload, args.remat)
-    else:
-        measured = plan.measure(workload, args.remat, target=target, autotune_results=args.autotune_results)
+    measured = plan.measure(workload, args.remat, target=target, autotune_results=args.autotune_results)
     limit = int(budget * (1 - args.headroom))
     result = {
         "remat": args.remat,

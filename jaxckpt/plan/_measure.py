@@ -57,7 +57,8 @@ def measure(
 
     Raises:
         TypeError: when ``workload`` is not a ``Workload``.
-        ValueError: for an unknown remat preset or target, or a sequence over ``config.max_len``.
+        ValueError: for an unknown remat preset or target, a sequence over ``config.max_len``,
+            or ``autotune_results`` without a target.
         RuntimeError: for a GPU target without the ``gpu-aot`` extra.
 
     Example:
@@ -69,6 +70,8 @@ def measure(
     """
     require_workload(workload, "measure")
     spec = get_remat(remat)
+    if autotune_results is not None and target is None:
+        raise ValueError("autotune_results are XLA:GPU's: give the GPU target they were dumped for (target=)")
     if target is not None:
         target = gpu_target(target)
         if autotune_results is not None:

@@ -215,8 +215,6 @@ class _Compiler:
         return choice(workload, spec, target=self.target)
 
     def measure(self, workload: Workload, spec) -> MemoryReport:
-        if self.target is None:
-            return measure(workload, spec)
         return measure(workload, spec, target=self.target, autotune_results=self.autotune_results)
 
 
