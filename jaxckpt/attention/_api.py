@@ -4,6 +4,7 @@ from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._blockwise import blockwise_attention
 from jaxckpt.attention._cudnn import cudnn_attention, cudnn_fits, cudnn_unavailable
 from jaxckpt.attention._jax_nn import JAX_NN_FEATURES, jax_nn_attention
+from jaxckpt.attention._pallas import pallas_attention, pallas_fits
 from jaxckpt.attention._reference import reference_normalized
 from jaxckpt.attention._registry import features_used, implementations, lookup, register_implementation
 from jaxckpt.attention._signature import entry_point
@@ -23,12 +24,16 @@ register_implementation(
     supports=JAX_NN_FEATURES - {"segments"},
     unavailable=cudnn_unavailable,
 )
+register_implementation("pallas", pallas_attention)
 
 
 def _auto(p: AttentionInputs) -> str:
-    """``implementation=None``: cuDNN on GPU where it accepts the call, else blockwise."""
+    """``implementation=None``: on a GPU, cuDNN where it accepts the call, else the Pallas
+    kernel where it does (a head dim up to 256), else blockwise; elsewhere blockwise."""
     if cudnn_fits(p) and features_used(p) <= implementations()["cudnn"].supports:
         return "cudnn"
+    if pallas_fits(p):
+        return "pallas"
     return "blockwise"
 
 
@@ -64,10 +69,12 @@ def flash_attention(inputs: AttentionInputs, *, block_sizes, implementation):
             ``jax.shard_map`` those indices are the shard's own, so fold the shard's
             position in (``jax.random.fold_in(rng, jax.lax.axis_index("tp"))``) for
             masks that differ across shards.
-        block_sizes: :class:`BlockSizes` for the blockwise kernel.
-        implementation: None (auto: cuDNN on GPU where it applies, else
-            "blockwise"), "blockwise", "reference", "xla" (jax.nn), "cudnn", or a
-            name added by ``register_implementation``.
+        block_sizes: :class:`BlockSizes` for the blockwise and Pallas kernels (on a
+            GPU the Pallas kernel takes powers of two >= 16; None: its tuned table).
+        implementation: None (auto: on a GPU cuDNN where it applies, else "pallas",
+            else "blockwise"; elsewhere "blockwise"), "blockwise", "pallas" (Triton on a
+            GPU, the Pallas interpreter elsewhere), "reference", "xla" (jax.nn),
+            "cudnn", or a name added by ``register_implementation``.
         return_residual: also return the fp32 log-sum-exp ``[B, T, N]`` (not
             differentiated, as in jax.nn).
 
