@@ -54,9 +54,9 @@ def delta(lay: Layout, out, do):
     )(out, do)
 
 
-def _ds(lay, ex, q, k, v, do, lse, dlt, b, n, q0, k0):
+def _ds(lay, ex, q, k, v, do, lse, dlt, b, n, q0, k0, head=None):
     """``(P as dV reads it, dS)`` of one block, both ``[bq, bk]`` fp32 (dS without the scale)."""
-    s, tanh = tile.logits(lay, ex, q, k, q0, k0)
+    s, tanh = tile.logits(lay, ex, q, k, q0, k0, head)
     p = jnp.exp(s - lse[:, None])
     dp = tile.dot(do, v, trans_b=True)
     p_used = p
@@ -69,25 +69,15 @@ def _ds(lay, ex, q, k, v, do, lse, dlt, b, n, q0, k0):
     return p_used, ds
 
 
-def _head_view(ex: tile.Extras, lay: Layout, g) -> tile.Extras:
-    """The dK/dV kernel's extras at query head ``g`` of its group (bias/mask views)."""
-
-    def at(ref, full):
-        return None if ref is None else ref.at[g if full[1] else 0]
-
-    return ex._replace(bias=at(ex.bias, lay.bias), mask=at(ex.mask, lay.mask))
-
-
 def _dkdv_kernel(lay: Layout, present, q_ref, k_ref, v_ref, do_ref, lse_ref, dlt_ref, lo_ref, hi_ref, *refs):
     *extra_refs, dk_ref, dv_ref = refs
-    group = unflat_extras(present, extra_refs)
+    ex = unflat_extras(present, extra_refs)
     bq, bk = lay.dkdv
     j, b, kh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k0 = j * bk
     k, v = k_ref[...], v_ref[...]
 
     def head(g, carry):
-        ex = _head_view(group, lay, g)
         n = kh * lay.groups + g
 
         def block(i, carry):
@@ -95,7 +85,7 @@ def _dkdv_kernel(lay: Layout, present, q_ref, k_ref, v_ref, do_ref, lse_ref, dlt
             q0 = pl.multiple_of(i * bq, bq)
             rows = pl.ds(q0, bq)
             q, do = q_ref[rows, g, :], do_ref[rows, g, :]
-            p, ds = _ds(lay, ex, q, k, v, do, lse_ref[g, rows], dlt_ref[g, rows], b, n, q0, k0)
+            p, ds = _ds(lay, ex, q, k, v, do, lse_ref[g, rows], dlt_ref[g, rows], b, n, q0, k0, g)
             dv = dv + tile.dot(p.astype(do.dtype), do, trans_a=True)
             dk = dk + tile.dot(ds.astype(q.dtype), q, trans_a=True)
             return dk, dv

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from jaxckpt.attention import _dropout
 from jaxckpt.attention._masks import visible
@@ -24,7 +25,8 @@ class Extras(NamedTuple):
     """The optional refs of a kernel, as ``pallas_call`` hands them over (absent: None).
 
     ``q_ids`` and ``kv_ids`` are 1-D (the kernel's ids of its batch element); ``bias`` and
-    ``mask`` are 2-D ``[Tp|1, Sp|1]`` views of the kernel's head; ``seed`` is ``[1]``.
+    ``mask`` are ``[Tp|1, Sp|1]`` (the kernel's head) or ``[G|1, Tp|1, Sp|1]`` (the
+    dK/dV kernel's group); ``seed`` is ``[1]``.
     """
 
     q_ids: object = None
@@ -37,14 +39,20 @@ class Extras(NamedTuple):
 def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
     """``a @ b`` (optionally transposed) in fp32; fp32 operands at full precision (no TF32)."""
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    return pl.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
+    return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
 
 
-def _pairwise(ref, full: tuple[bool, ...], q0, bq: int, k0, bk: int) -> jax.Array:
-    """Block (q0, k0) of a 2-D bias or mask view; a broadcast axis is read as size 1."""
+def _pairwise(ref, full: tuple[bool, ...], q0, bq: int, k0, bk: int, head) -> jax.Array:
+    """Block (q0, k0) of a bias or mask ref; a broadcast axis is read as size 1.
+
+    The ref is ``[Tp|1, Sp|1]``, or ``[G|1, Tp|1, Sp|1]`` when ``head`` (the query head
+    within the group, in the dK/dV kernel) is given.
+    """
     rows = pl.ds(q0, bq) if full[2] else pl.ds(0, 1)
     cols = pl.ds(k0, bk) if full[3] else pl.ds(0, 1)
-    return ref[rows, cols]
+    if head is None:
+        return ref[rows, cols]
+    return ref[head if full[1] else 0, rows, cols]
 
 
 def indices(q0, bq: int, k0, bk: int) -> tuple[jax.Array, jax.Array]:
@@ -54,16 +62,18 @@ def indices(q0, bq: int, k0, bk: int) -> tuple[jax.Array, jax.Array]:
     return q_idx[:, None], k_idx[None, :]
 
 
-def logits(lay: Layout, ex: Extras, q, k, q0, k0) -> tuple[jax.Array, jax.Array | None]:
+def logits(lay: Layout, ex: Extras, q, k, q0, k0, head=None) -> tuple[jax.Array, jax.Array | None]:
     """fp32 logits of one block, ``[bq, bk]``, and the soft cap's ``tanh`` (or None).
 
     ``scale * q k^T``, plus the bias, capped, and ``-inf`` where the mask hides a key.
+    ``head``: the query head within the group, for the bias and mask refs of the dK/dV
+    kernel (which hold the whole group).
     """
     st = lay.static
     bq, bk = q.shape[0], k.shape[0]
     s = dot(q, k, trans_b=True) * st.scale
     if ex.bias is not None:
-        s = s + _pairwise(ex.bias, lay.bias, q0, bq, k0, bk).astype(jnp.float32)
+        s = s + _pairwise(ex.bias, lay.bias, q0, bq, k0, bk, head).astype(jnp.float32)
     tanh = None
     if st.logits_soft_cap is not None:
         tanh = jnp.tanh(s / st.logits_soft_cap)
@@ -77,7 +87,7 @@ def logits(lay: Layout, ex: Extras, q, k, q0, k0) -> tuple[jax.Array, jax.Array 
             k_idx,
             q_seg=ex.q_ids[pl.ds(q0, bq)][:, None] if ids else None,
             kv_seg=ex.kv_ids[pl.ds(k0, bk)][None, :] if ids else None,
-            mask=None if ex.mask is None else _pairwise(ex.mask, lay.mask, q0, bq, k0, bk) != 0,
+            mask=None if ex.mask is None else _pairwise(ex.mask, lay.mask, q0, bq, k0, bk, head) != 0,
         )
         s = jnp.where(ok, s, -jnp.inf)
     return s, tanh
