@@ -44,6 +44,35 @@ def test_auto_falls_to_blockwise_for_features_cudnn_lacks(cudnn_accepts, kwargs)
     assert _api._auto(_inputs(**kwargs)) == "blockwise"
 
 
+def _gpu_inputs(h=16, dtype=jnp.bfloat16, **kwargs):
+    q = jnp.ones((1, 7, 3, h), dtype)
+    return normalize(q, q, q, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "want"),
+    [
+        (dict(is_causal=True), "cudnn"),
+        (dict(is_causal=True, local_window_size=(3, 0)), "cudnn"),
+        (dict(logits_soft_cap=5.0), "pallas"),  # Gemma 2
+        (dict(segment_ids=jnp.zeros((1, 7), jnp.int32)), "pallas"),  # packed fine-tuning
+        (dict(local_window_size=(3, 2)), "pallas"),  # two-sided, not causal
+        (dict(dropout_rate=0.1, dropout_rng=jax.random.key(0)), "pallas"),
+        (dict(dtype=jnp.float32), "pallas"),
+        (dict(h=12), "pallas"),  # cuDNN needs H % 8 == 0
+        (dict(h=192), "pallas"),  # and H <= 128
+        (dict(h=264), "blockwise"),  # the Pallas kernel takes H <= 256
+    ],
+)
+def test_gpu_dispatch_is_cudnn_then_pallas_then_blockwise(inputs, want):
+    """A pure function of the call's features, with the real predicates, traced for a GPU."""
+    inputs = dict(inputs)
+    h, dtype = inputs.pop("h", 16), inputs.pop("dtype", jnp.bfloat16)
+    with jaxckpt.attention.compiling_for("gpu"):
+        assert _api._auto(_gpu_inputs(h, dtype, **inputs)) == want
+    assert _api._auto(_gpu_inputs(h, dtype, **inputs)) == "blockwise"  # on this CPU
+
+
 # --- the one signature ----------------------------------------------------------------------------
 
 CONTRACT = (

@@ -176,3 +176,23 @@ def test_block_sizes_must_be_positive_ints(args, field):
     with pytest.raises((ValueError, TypeError)) as excinfo:
         jaxckpt.BlockSizes(*args)
     _check_message(excinfo, [field])
+
+
+@pytest.mark.parametrize(
+    ("shape", "blocks", "expected"),
+    [
+        ((B, 64, N, H), jaxckpt.BlockSizes(48, 16), ["powers of two", "fwd=(48, 16)"]),
+        ((B, 64, N, H), jaxckpt.BlockSizes(8, 64), ["powers of two", ">= 16"]),
+        ((B, T, N, 264), None, ["head dims up to 256", "H=264", "blockwise"]),
+    ],
+)
+def test_pallas_for_a_gpu_refuses_what_triton_cannot_take(shape, blocks, expected):
+    """Traced for a GPU the Pallas kernel is Triton's: blocks are powers of two >= 16, H <= 256.
+    (The interpreter, on this CPU, takes any block: the contract suite uses odd ones.)"""
+    q = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((shape[0], shape[1], K, shape[3]), jnp.bfloat16)
+    run = lambda q, k, v: jaxckpt.flash_attention(q, k, v, block_sizes=blocks, implementation="pallas")
+    with jaxckpt.attention.compiling_for("gpu"), pytest.raises(ValueError) as excinfo:
+        jax.eval_shape(run, q, kv, kv)
+    _check_message(excinfo, expected)
+    assert jax.eval_shape(run, q, kv, kv).shape == shape  # the interpreter takes them

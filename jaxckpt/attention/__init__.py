@@ -1,6 +1,7 @@
 """Attention kernels: pure array functions.
 
-``flash_attention`` (blockwise FlashAttention-2 with a custom VJP),
+``flash_attention`` (blockwise FlashAttention-2 with a custom VJP, and the same
+algorithm as a Pallas kernel: Triton on a GPU),
 ``attention_reference`` (naive fp32 ground truth), the mask predicate, dropout,
 and the implementation registry that backends such as ``npu_backend`` plug into.
 """
@@ -8,6 +9,14 @@ and the implementation registry that backends such as ``npu_backend`` plug into.
 from jaxckpt.attention._api import flash_attention
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._dropout import dropout_mask
+from jaxckpt.attention._pallas_blocks import MAX_HEAD_DIM as PALLAS_MAX_HEAD_DIM
+from jaxckpt.attention._pallas_blocks import (
+    PallasBlocks,
+    default_pallas_blocks,
+    pallas_blocks,
+    set_pallas_blocks,
+)
+from jaxckpt.attention._pallas_tune import autotune_pallas_blocks
 from jaxckpt.attention._platform import PLATFORMS, compiling_for, platform
 from jaxckpt.attention._reference import attention_reference, full_mask
 from jaxckpt.attention._registry import (
@@ -22,19 +31,25 @@ from jaxckpt.attention._validate import AttentionInputs, normalize
 
 __all__ = [
     "FEATURES",
+    "PALLAS_MAX_HEAD_DIM",
     "PLATFORMS",
     "AttentionInputs",
     "BlockSizes",
     "Implementation",
+    "PallasBlocks",
     "attention_reference",
+    "autotune_pallas_blocks",
     "available_implementations",
     "compiling_for",
+    "default_pallas_blocks",
     "dropout_mask",
     "features_used",
     "flash_attention",
     "full_mask",
     "implementations",
     "normalize",
+    "pallas_blocks",
     "platform",
     "register_implementation",
+    "set_pallas_blocks",
 ]

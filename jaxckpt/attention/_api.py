@@ -4,7 +4,7 @@ from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._blockwise import blockwise_attention
 from jaxckpt.attention._cudnn import cudnn_attention, cudnn_fits, cudnn_unavailable
 from jaxckpt.attention._jax_nn import JAX_NN_FEATURES, jax_nn_attention
-from jaxckpt.attention._pallas import pallas_attention, pallas_fits
+from jaxckpt.attention._pallas import pallas_attention, pallas_fits, pallas_note
 from jaxckpt.attention._reference import reference_normalized
 from jaxckpt.attention._registry import features_used, implementations, lookup, register_implementation
 from jaxckpt.attention._signature import entry_point
@@ -24,7 +24,7 @@ register_implementation(
     supports=JAX_NN_FEATURES - {"segments"},
     unavailable=cudnn_unavailable,
 )
-register_implementation("pallas", pallas_attention)
+register_implementation("pallas", pallas_attention, note=pallas_note)
 
 
 def _auto(p: AttentionInputs) -> str:

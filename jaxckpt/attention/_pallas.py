@@ -130,7 +130,8 @@ def pallas_fits(p: AttentionInputs) -> bool:
     return platform() == "gpu" and p.query.shape[-1] <= MAX_HEAD_DIM
 
 
-PALLAS_NOTE = (
-    "Triton kernel on a GPU (or a GPU compile target); elsewhere the same kernel runs in "
-    "the Pallas interpreter: slow, for testing."
-)
+def pallas_note() -> str:
+    """How ``implementation="pallas"`` runs on this backend (``jaxckpt info`` prints it)."""
+    if platform() == "gpu":
+        return "Triton kernel"
+    return f"Pallas interpreter on {platform()!r}: the GPU kernel's numerics, slow, for testing"

@@ -117,5 +117,12 @@ def set_pallas_blocks(head_dim: int, dtype, blocks: PallasBlocks | None) -> None
 
 def pallas_blocks(head_dim: int, dtype) -> PallasBlocks:
     """The blocks the Pallas kernel uses for a padded head dim and dtype: the tuned ones
-    (:func:`set_pallas_blocks`) if any, else :func:`default_pallas_blocks`."""
+    (:func:`set_pallas_blocks`) if any, else :func:`default_pallas_blocks`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.attention import pallas_blocks
+        >>> pallas_blocks(64, jnp.float32).fwd
+        (64, 32)
+    """
     return _TUNED.get((int(head_dim), jnp.dtype(dtype).name)) or default_pallas_blocks(head_dim, dtype)

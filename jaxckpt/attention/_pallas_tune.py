@@ -35,10 +35,18 @@ def autotune_pallas_blocks(
     Raises:
         ValueError: not on a GPU (timing the interpreter tunes nothing), or no candidates.
 
-    Example (on a GPU)::
+    On a GPU, ``autotune_pallas_blocks(q, k, v, [PallasBlocks((128, 64), (32, 128),
+    (128, 32)), PallasBlocks((64, 64), (64, 64), (64, 64))], is_causal=True)`` returns
+    the faster and both times. Elsewhere it refuses:
 
-        best, times = autotune_pallas_blocks(q, k, v, [PallasBlocks((128, 64), (32, 128), (128, 32)),
-                                                       PallasBlocks((64, 64), (64, 64), (64, 64))])
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.attention import PallasBlocks, autotune_pallas_blocks
+        >>> q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
+        >>> blocks = [PallasBlocks((64, 64), (64, 64), (64, 64))]
+        >>> autotune_pallas_blocks(q, q, q, blocks)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: autotune_pallas_blocks times the Triton kernel and needs a GPU; ...
     """
     if platform() != "gpu":
         raise ValueError(

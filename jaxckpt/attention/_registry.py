@@ -33,6 +33,8 @@ class Implementation:
         materializes_scores: whether it holds the ``[B, N, T, S]`` logits/probabilities
             in JAX device memory (O(T * S), like "reference" and "xla"), rather than
             O(T) as a flash kernel does. The memory planner reads it.
+        note: returns None, or a few words on how it runs here (``jaxckpt info`` prints
+            them: "pallas" off a GPU runs the Pallas interpreter, slow, for testing).
 
     Example:
         >>> from jaxckpt.attention import implementations
@@ -47,6 +49,7 @@ class Implementation:
     unavailable: Callable[[], str | None] = _always
     shares_dropout_mask: bool = True
     materializes_scores: bool = False
+    note: Callable[[], str | None] = _always
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -60,6 +63,7 @@ def register_implementation(
     unavailable: Callable[[], str | None] = _always,
     shares_dropout_mask: bool = True,
     materializes_scores: bool = False,
+    note: Callable[[], str | None] = _always,
 ) -> None:
     """Makes ``fn`` callable as ``flash_attention(..., implementation=name)``.
 
@@ -79,6 +83,7 @@ def register_implementation(
             device memory (naive softmax attention); False for an O(T) flash kernel,
             or one whose scores live outside JAX (a host callback). The memory planner
             budgets O(T * S) attention activations for the implementations marked True.
+        note: a probe returning None or a few words on how ``fn`` runs on this machine.
 
     Example:
         >>> from jaxckpt.attention import register_implementation, attention_reference
@@ -93,7 +98,7 @@ def register_implementation(
     if unknown:
         raise ValueError(f"supports has unknown features {sorted(unknown)}; known: {sorted(FEATURES)}.")
     _REGISTRY[name] = Implementation(
-        name, fn, frozenset(supports), unavailable, shares_dropout_mask, bool(materializes_scores)
+        name, fn, frozenset(supports), unavailable, shares_dropout_mask, bool(materializes_scores), note
     )
 
 

@@ -14,6 +14,15 @@ from jaxckpt.cli import _compare, _eval, _generate, _plan, _train
 from jaxckpt.cli._flags import FLAGS, flag_message
 
 
+def _state(impl) -> str:
+    """``available``, ``available (<how it runs here>)`` or why it cannot run here."""
+    reason = impl.unavailable()
+    if reason is not None:
+        return reason
+    note = impl.note()
+    return f"available ({note})" if note else "available"
+
+
 def _info(args: argparse.Namespace) -> int:
     """Prints versions, devices, the attention implementations usable here and the GPU
     compile targets (``jaxckpt plan --device``)."""
@@ -23,9 +32,8 @@ def _info(args: argparse.Namespace) -> int:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
-        "attention_implementations": {
-            name: impl.unavailable() or "available" for name, impl in implementations().items()
-        },
+        "attention_implementations": {name: _state(impl) for name, impl in implementations().items()},
+        "attention_features": {name: sorted(impl.supports) for name, impl in implementations().items()},
         "gpu_compile_targets": {
             name: missing or f"available: XLA:GPU {target.sm}, deviceless"
             for name, target in plan.TARGETS.items()
@@ -38,7 +46,7 @@ def _info(args: argparse.Namespace) -> int:
         if isinstance(value, dict):
             print(f"{key}:")
             for name, state in value.items():
-                print(f"  {name:<14} {state}")
+                print(f"  {name:<14} {', '.join(state) if isinstance(state, list) else state}")
         else:
             print(f"{key}: {value}")
     print(f"usable here: {', '.join(available_implementations())}")

@@ -7,15 +7,15 @@ import dataclasses
 import functools
 from types import MappingProxyType
 
-from jaxckpt.attention import implementations
+from jaxckpt.attention import PALLAS_MAX_HEAD_DIM, implementations
 from jaxckpt.nn import Activation, LayerKind, Norm, TransformerConfig
 from jaxckpt.plan._targets import GpuTarget, gpu_target
 
 
 def materializes_scores(attention: str | None) -> bool:
     """Whether the ``flash_attention`` implementation ``attention`` builds the T x S scores
-    (its registration's ``materializes_scores``; None, the automatic choice, is blockwise
-    or cuDNN, which do not).
+    (its registration's ``materializes_scores``; None, the automatic choice, is blockwise,
+    Pallas or cuDNN, which do not).
 
     Raises:
         ValueError: for a name no implementation is registered under.
@@ -35,9 +35,9 @@ def materializes_scores(attention: str | None) -> bool:
 def attention_implementation(config: TransformerConfig, target: "str | GpuTarget | None" = None) -> str:
     """The ``flash_attention`` implementation the layers of ``config`` run when compiled for
     ``target`` (None: XLA:CPU): ``config.attention`` when set; else, as ``implementation=None``
-    resolves it, cuDNN on a GPU where it takes the call (a 16-bit compute dtype, a head dim
-    of at most 128 and a multiple of 8, no logit soft cap, a causal or no window), and the
-    blockwise kernel otherwise.
+    resolves it: on a GPU, cuDNN where it takes the call (a 16-bit compute dtype, a head dim
+    of at most 128 and a multiple of 8, no logit soft cap, a causal or no window), else the
+    Pallas kernel (a head dim up to 256), else blockwise; on XLA:CPU the blockwise kernel.
 
     Example:
         >>> from jaxckpt import nn
@@ -45,7 +45,7 @@ def attention_implementation(config: TransformerConfig, target: "str | GpuTarget
         >>> attention_implementation(cfg), attention_implementation(cfg, "h100-80g")
         ('blockwise', 'cudnn')
         >>> attention_implementation(cfg.replace(dtype="float32"), "h100-80g")
-        'blockwise'
+        'pallas'
     """
     if config.attention is not None:
         return config.attention
@@ -54,7 +54,9 @@ def attention_implementation(config: TransformerConfig, target: "str | GpuTarget
     gpu_target(target)
     h, windowed = config.head_dim, config.sliding_window is not None and not config.causal
     fits = config.compute_dtype.itemsize == 2 and h <= 128 and h % 8 == 0 and config.attention_softcap is None
-    return "cudnn" if fits and not (windowed and any(k.sliding for k in config.layer_kinds)) else "blockwise"
+    if fits and not (windowed and any(k.sliding for k in config.layer_kinds)):
+        return "cudnn"
+    return "pallas" if h <= PALLAS_MAX_HEAD_DIM else "blockwise"
 
 
 NORM_FLOPS = 5

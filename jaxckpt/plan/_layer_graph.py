@@ -195,9 +195,10 @@ def _score_tile(cfg: TransformerConfig, batch: int, seq: int, attention: str) ->
 
     A logit soft cap adds no blockwise tile (XLA fuses the tanh into the tile's exponent:
     Gemma 2 shapes at T=1536 in 512-key tiles measured the same peak with and without it).
-    cuDNN's tiles live in its kernel (its workspace is ``u8[0]`` in a deviceless compile).
+    cuDNN's and the Pallas kernel's tiles live in the kernel (registers and shared memory;
+    cuDNN's workspace is ``u8[0]`` in a deviceless compile).
     """
-    if attention == "cudnn":
+    if attention in ("cudnn", "pallas"):
         return 0
     if materializes_scores(attention):  # autodiff keeps scores and probabilities (and the tanh), fp32
         capped = cfg.attention_softcap is not None
