@@ -1,7 +1,7 @@
 """Attention for an H100 without one: every implementation compiled by XLA:GPU, deviceless.
 
-``jaxckpt.flash_attention`` with ``implementation="blockwise"``, ``"xla"`` (jax.nn) and
-``"cudnn"`` is compiled, forward and forward+backward (the gradient wrt q, k, v of
+``jaxckpt.flash_attention`` with ``implementation="blockwise"``, ``"pallas"`` (Triton),
+``"xla"`` (jax.nn) and ``"cudnn"`` is compiled, forward and forward+backward (the gradient wrt q, k, v of
 ``sum(out * w)``), for the ``h100-80g`` target (sm_90a) under
 ``jaxckpt.attention.compiling_for("gpu")``, in bf16 and fp16, for each feature: causal,
 a window ``(left, right)``, causal + a window ``(left, 0)``, GQA and sequence lengths.
@@ -24,7 +24,8 @@ computation (ENTRY, while bodies and conditions, conditional branches) each inst
 ``fusion`` (grouped by ``kind=``; a ``kCustom`` fusion by its backend kind, e.g.
 ``__triton_nested_gemm_fusion`` (a GEMM; "gemm" in the table), ``__triton`` (a softmax),
 or its custom fusion's name, e.g. ``dynamic_slice_fusion``) and ``custom-call`` (grouped by
-``custom_call_target``, e.g. ``__cudnn$fmhaSoftmax``, ``__cublas$gemm``). "B*N*T*S" marks
+``custom_call_target``, e.g. ``__cudnn$fmhaSoftmax``, ``__cublas$gemm``; a Triton kernel,
+``__gpu$xla.gpu.triton``, by its ``pallas_call`` name: ``fwd``, ``bwd_delta``, ...). "B*N*T*S" marks
 a program holding an array of at least B*N*T*S elements, the whole scores (one blockwise
 tile when T fits a block).
 
@@ -56,7 +57,7 @@ import jaxckpt
 from jaxckpt import plan
 
 TARGET = "h100-80g"
-IMPLEMENTATIONS = ("blockwise", "xla", "cudnn")
+IMPLEMENTATIONS = ("blockwise", "pallas", "xla", "cudnn")
 DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 MIB = 2**20
 REFUSALS = (ValueError, TypeError, NotImplementedError)
@@ -191,7 +192,9 @@ def hlo_structure(text: str, scores: int) -> dict:
                 named = re.search(r'"custom_fusion_config":\{"name":"([^"]+)"', rest)
                 fusions[(named or backend).group(1) if kind == "kCustom" and backend else kind] += 1
             elif opcode == "custom-call":
-                calls[re.search(r'custom_call_target="([^"]+)"', rest).group(1)] += 1
+                target = re.search(r'custom_call_target="([^"]+)"', rest).group(1)
+                kernel = re.search(r'name = \\?"([^"\\]+)', rest)  # a Triton kernel's name
+                calls[kernel.group(1) if target.endswith("triton") and kernel else target] += 1
             for dtype, dims in _ARRAY.findall(shape):
                 largest = max(largest, (_array_bytes(dtype, dims), f"{dtype}[{dims}]"))
                 holds_scores |= math.prod(int(d) for d in filter(None, dims.split(","))) >= scores
@@ -228,7 +231,7 @@ def compile_case(impl, case: Case, dims: Dims, dtype, sharding, grad: bool) -> d
 
 
 def _short(target: str) -> str:
-    return target.removeprefix("__cudnn$").removeprefix("__cublas$")
+    return target.removeprefix("__cudnn$").removeprefix("__cublas$").removeprefix("jaxckpt_flash_")
 
 
 def structure_table(rows: list[dict], dims: Dims) -> Table:

@@ -12,6 +12,9 @@ Parts:
    lse and gradients against ``attention_reference`` (fp32 math, run at "highest" matmul
    precision so that no TF32 enters the ground truth) with the bf16 tolerances of
    ``tests/tolerances.py``; a feature outside ``Implementation.supports`` is a skip.
+2b. **pallas**: the Pallas kernel's grid (``_pallas_speed.py``): bf16 fwd and fwd+bwd
+   TFLOP/s, T in {1k, 4k, 16k, 32k}, H in {64, 128}, causal and not, against cuDNN and
+   JAX's own Pallas attention in the same run.
 2. **throughput**: fwd+bwd of each implementation, causal, B*T = 32768 tokens, N=16,
    H=128, T in {2048, 8192, 32768}; median of 5 reps after a warm-up. FLOPs follow the
    FlashAttention-2 benchmark: fwd = 4*B*N*T*S*H, halved for causal; bwd = 2.5 x fwd, so
@@ -49,6 +52,8 @@ the reason. Expected on an H200 (estimates: not yet run on one):
                                   fwd+grads each, ~1-2 s of XLA:GPU compile, ms to run
     throughput  cap 110 s  ~70 s  3 T x <= 4 implementations: 2-5 s compile, warm-up +
                                   5 reps of <= 15 TFLOP (<= 0.2 s each)
+    pallas      cap 150 s         16 shapes x 3 kernels x (fwd, fwd+bwd): ~2 s compile each;
+                                  H=128 causal first, the rest as the cap allows
     train       the rest  ~190 s  10 fresh processes; llama3.2-1b: init ~3 s, autotuned
                                   compile 10-25 s, 7 steps of ~0.3-0.5 s; small ~10 s
     predictions (CPU, beside)     10 deviceless compiles x 2 GEMM emitters, ~120 s
@@ -80,6 +85,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # attent
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _pallas_speed import part_pallas
+from _pallas_speed import summary as pallas_summary
 from _results import write_json
 from rich.console import Console
 from rich.table import Table
@@ -102,8 +109,11 @@ MODES = {
         remats={"llama3.2-1b": REMATS, "small": REMATS},
         deviceless=REMATS,
         steps=5,
-        caps={"contract": 90, "throughput": 110},
-        min_start={"contract": 20, "throughput": 20, "llama3.2-1b": 25, "small": 12},
+        pallas_seqs=(1024, 4096, 16384, 32768),
+        pallas_heads=(64, 128),
+        pallas_n=16,
+        caps={"contract": 90, "throughput": 110, "pallas": 150},
+        min_start={"contract": 20, "throughput": 20, "pallas": 30, "llama3.2-1b": 25, "small": 12},
     ),
     "smoke": dict(
         contract=dict(b=1, t=33, s=33, n=4, k=2, h=16),
@@ -124,8 +134,11 @@ MODES = {
         remats={"llama3.2-1b": REMATS, "small": ("full",)},  # each preset once, each model once
         deviceless=("full",),  # ~20 s of CPU each
         steps=2,
-        caps={"contract": 240, "throughput": 240},
-        min_start={"contract": 1, "throughput": 1, "llama3.2-1b": 1, "small": 1},
+        pallas_seqs=(64,),
+        pallas_heads=(16,),
+        pallas_n=2,
+        caps={"contract": 240, "throughput": 240, "pallas": 240},
+        min_start={"contract": 1, "throughput": 1, "pallas": 1, "llama3.2-1b": 1, "small": 1},
     ),
 }
 
@@ -389,6 +402,7 @@ def part_predict(mode: dict, args, emit) -> None:
 PARTS = {
     "contract": part_contract,
     "throughput": part_throughput,
+    "pallas": lambda mode, args, emit: part_pallas(mode, args, emit, peak_tflops=PEAK_TFLOPS),
     "one-step": part_one_step,
     "predict": part_predict,
 }
@@ -485,7 +499,7 @@ def gpu_jobs(mode: dict) -> list[dict]:
     """The GPU jobs in the order they run: name, argv, cap (None: until the deadline), min start."""
     jobs = [
         dict(name=p, argv=["--part", p], cap=mode["caps"][p], min_start=mode["min_start"][p])
-        for p in ("contract", "throughput")
+        for p in ("contract", "throughput", "pallas")
     ]
     for model in mode["models"]:
         for remat in mode["remats"][model]:
@@ -585,6 +599,7 @@ def assemble(mode: dict, meta: dict, done: list[dict], predicted: dict | None) -
     for r in contract:
         counts = summary.setdefault(r["implementation"], {"pass": 0, "fail": 0, "error": 0, "skipped": 0})
         counts[r["status"]] += 1
+    pallas = by_name.get("pallas", {}).get("rows", [])
     speed = by_name.get("throughput", {}).get("rows", [])
     for r in speed:
         ref = next((s for s in speed if s["T"] == r["T"] and s["implementation"] == "blockwise"), {})
@@ -595,6 +610,12 @@ def assemble(mode: dict, meta: dict, done: list[dict], predicted: dict | None) -
         "meta": {**meta, "wall_s": round(time.time() - T0, 1)},
         "contract": {"dtype": "bfloat16", "tolerances": bf16, "summary": summary, "cases": contract},
         "throughput": {"flops": FLOPS, "peak_tflops": PEAK_TFLOPS, "rows": speed},
+        "pallas": {
+            "flops": FLOPS,
+            "peak_tflops": PEAK_TFLOPS,
+            "rows": pallas,
+            "summary": pallas_summary(pallas),
+        },
         "train": {
             "target": TARGET,
             "models": {m: {"overrides": o, "batch": b, "seq": t} for m, (o, b, t) in mode["models"].items()},
@@ -631,6 +652,20 @@ def _speed_row(r: dict) -> list[str]:
     return [r["implementation"], str(r["B"]), str(r["T"]), *(_fmt(x, f) for x, f in cells), _note(r)]
 
 
+def _pallas_row(r: dict) -> list[str]:
+    fwd, both = r.get("fwd") or {}, r.get("fwd+bwd") or {}
+    cells = [_fmt(fwd.get("tflops"), ".1f"), _fmt(fwd.get("fraction_of_peak"), ".1%")]
+    return [
+        r["implementation"],
+        str(r["H"]),
+        str(r["T"]),
+        str(r["causal"]),
+        *cells,
+        _fmt(both.get("tflops"), ".1f"),
+        _note(r),
+    ]
+
+
 def _train_row(r: dict) -> list[str]:
     peaks = [r.get("measured_peak"), (r.get("xla_on_device") or {}).get("peak")]
     peaks += [(r.get("deviceless") or {}).get("peak"), (r.get("predict") or {}).get("total")]
@@ -648,8 +683,14 @@ def tables(result: dict) -> list[Table]:
     contract = [[c, *(marks[cells.get((c, i))] for i in impls)] for c in cases]
     speed_cols = ("impl", "B", "T", "ms", "TFLOP/s", "of peak", "vs blockwise", "compile s", "note")
     train_cols = ("model", "remat", "measured", "xla here", "deviceless", "predict", "dl/meas", "pred/meas")
+    pallas_cols = ("impl", "H", "T", "causal", "fwd TFLOP/s", "fwd of peak", "fwd+bwd TFLOP/s", "note")
     return [
         _table("attention contract, bf16 vs attention_reference (fp32 math)", ("case", *impls), contract),
+        _table(
+            "Pallas kernel vs cuDNN and jax.experimental.pallas.ops.gpu.attention, bf16",
+            pallas_cols,
+            [_pallas_row(r) for r in result["pallas"]["rows"]],
+        ),
         _table(
             f"attention fwd+bwd, causal, bf16 ({FLOPS}; peak {PEAK_TFLOPS:.0f} TFLOP/s)",
             speed_cols,

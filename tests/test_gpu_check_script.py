@@ -18,7 +18,7 @@ import pytest
 from jaxckpt import plan
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
-SECTIONS = ("meta", "contract", "throughput", "train", "jobs")
+SECTIONS = ("meta", "contract", "throughput", "pallas", "train", "jobs")
 REMATS = ("none", "full", "save_attn", "minimal", "dots")
 
 
@@ -49,6 +49,11 @@ def test_smoke_runs_every_part_and_writes_every_section(tmp_path):
     speed = result["throughput"]["rows"]
     assert {r["implementation"] for r in speed} == set(impls)
     assert all(r["status"] == "ok" and r["tflops"] > 0 for r in speed), speed
+
+    pallas = {r["implementation"]: r for r in result["pallas"]["rows"]}  # one shape in the smoke
+    for impl in ("pallas", "jax_pallas_mha"):
+        assert pallas[impl]["status"] == "ok" and pallas[impl]["fwd+bwd"]["tflops"] > 0, pallas[impl]
+    assert result["pallas"]["summary"]["rows"][0]["fwd_bwd_vs_jax_pallas_mha"] > 0
 
     train = result["train"]["rows"]  # the smoke runs each preset on one model, each model once
     expected = [("llama3.2-1b", r) for r in REMATS] + [("small", "full")]
