@@ -137,13 +137,13 @@ def test_auto_picks_cudnn_for_bf16_causal_when_compiling_for_gpu():
     [(jnp.float32, {"is_causal": True}), (jnp.bfloat16, {"is_causal": True, "logits_soft_cap": 30.0})],
     ids=["fp32", "softcap"],
 )
-def test_auto_picks_blockwise_where_cudnn_does_not_fit(dtype, kwargs):
+def test_auto_picks_pallas_where_cudnn_does_not_fit(dtype, kwargs):
     auto = _lowered(dtype, None, **kwargs)
     assert "__cudnn$" not in auto
-    assert auto == _lowered(dtype, "blockwise", **kwargs)
+    assert auto == _lowered(dtype, "pallas", **kwargs)
 
 
-def test_auto_takes_blockwise_for_a_causal_right_window_with_lengths_when_compiling_for_gpu():
+def test_auto_takes_pallas_for_a_causal_right_window_with_lengths_when_compiling_for_gpu():
     """jax.nn's cuDNN refuses a right window once lengths make its mask PADDING_CAUSAL."""
     q, lengths = _sd((B, T, N, H), jnp.bfloat16), _sd((B,), jnp.int32)
 
@@ -153,4 +153,4 @@ def test_auto_takes_blockwise_for_a_causal_right_window_with_lengths_when_compil
 
     with plan.deviceless():
         auto = f(None).lower(q, lengths).as_text()
-        assert auto == f("blockwise").lower(q, lengths).as_text()
+        assert auto == f("pallas").lower(q, lengths).as_text()
