@@ -20,7 +20,7 @@ from jaxckpt.attention import _dropout
 from jaxckpt.attention import _pallas_bwd as bwd
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._flash_vjp import Residuals, flash_vjp
-from jaxckpt.attention._pallas_blocks import MAX_HEAD_DIM, PallasBlocks, pallas_blocks
+from jaxckpt.attention._pallas_blocks import MAX_HEAD_DIM, PallasBlocks, padded_head_dim, pallas_blocks
 from jaxckpt.attention._pallas_fwd import forward
 from jaxckpt.attention._pallas_layout import (
     Layout,
@@ -90,8 +90,7 @@ _call = flash_vjp(_forward, _backward)
 
 
 def _blocks(p: AttentionInputs, block_sizes: BlockSizes | None, interpret: bool) -> PallasBlocks:
-    h_pad = 1 << (p.query.shape[-1] - 1).bit_length()
-    blocks = pallas_blocks(h_pad, p.query.dtype)
+    blocks = pallas_blocks(padded_head_dim(p.query.shape[-1]), p.query.dtype)
     if block_sizes is not None:
         pair = (block_sizes.block_q, block_sizes.block_k)
         blocks = PallasBlocks(pair, pair, pair, blocks.num_warps, blocks.num_stages)

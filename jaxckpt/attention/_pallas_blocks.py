@@ -28,6 +28,17 @@ MAX_HEAD_DIM = 256
 """The largest padded head dim whose blocks fit a Hopper SM's shared memory."""
 
 
+def padded_head_dim(h: int) -> int:
+    """H (or any size) rounded up to a power of two: the head dim the kernels run at
+    (Triton's tensors are powers of two; the zero columns change no logit and no output).
+
+    Example:
+        >>> padded_head_dim(40), padded_head_dim(64)
+        (64, 64)
+    """
+    return 1 << max(0, (h - 1).bit_length())
+
+
 @dataclasses.dataclass(frozen=True)
 class PallasBlocks:
     """The three kernels' ``(block_q, block_k)`` and Triton's ``num_warps`` / ``num_stages``.
@@ -54,7 +65,7 @@ class PallasBlocks:
         """Blocks no larger than T and S (on a GPU: than their next power of two, >= 16)."""
 
         def fit(block: int, size: int) -> int:
-            return min(block, size if interpret else max(MIN_BLOCK, 1 << (size - 1).bit_length()))
+            return min(block, size if interpret else max(MIN_BLOCK, padded_head_dim(size)))
 
         pairs = [(fit(bq, t), fit(bk, s)) for bq, bk in (self.fwd, self.dkdv, self.dq)]
         return dataclasses.replace(self, fwd=pairs[0], dkdv=pairs[1], dq=pairs[2])

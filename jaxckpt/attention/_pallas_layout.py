@@ -23,14 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxckpt.attention._masks import classify_tiles, loop_bounds
+from jaxckpt.attention._pallas_blocks import padded_head_dim
 from jaxckpt.attention._validate import AttentionInputs, MaskArrays, Static
 
 Q_OUTSIDE = jnp.iinfo(jnp.int32).min
 KV_OUTSIDE = jnp.iinfo(jnp.int32).min + 1
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _full_axes(x: jax.Array | None) -> tuple[bool, ...] | None:
@@ -102,7 +99,7 @@ class Layout:
             dq,
             -(-t // t_step) * t_step,
             -(-s // s_step) * s_step,
-            _pow2(h),
+            padded_head_dim(h),
             b,
             n,
             k,

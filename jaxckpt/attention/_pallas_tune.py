@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxckpt.attention._api import flash_attention
-from jaxckpt.attention._pallas_blocks import PallasBlocks, set_pallas_blocks
+from jaxckpt.attention._pallas_blocks import PallasBlocks, padded_head_dim, set_pallas_blocks
 from jaxckpt.attention._platform import platform
 
 
@@ -56,7 +56,7 @@ def autotune_pallas_blocks(
     candidates = list(candidates)
     if not candidates:
         raise ValueError("candidates is empty: give at least one PallasBlocks to time.")
-    h_pad = 1 << (query.shape[-1] - 1).bit_length()
+    h_pad = padded_head_dim(query.shape[-1])
 
     def loss(q, k, v):
         return flash_attention(q, k, v, implementation="pallas", **kwargs).astype(jnp.float32).sum()
