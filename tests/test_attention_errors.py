@@ -196,3 +196,27 @@ def test_pallas_for_a_gpu_refuses_what_triton_cannot_take(shape, blocks, expecte
         jax.eval_shape(run, q, kv, kv)
     _check_message(excinfo, expected)
     assert jax.eval_shape(run, q, kv, kv).shape == shape  # the interpreter takes them
+
+
+def _shard_mapped_pallas(check_vma: bool):
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    q, k, v = _qkv()
+    mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    attend = lambda q, k, v: jaxckpt.flash_attention(q, k, v, is_causal=True, implementation="pallas")
+    spec = P(None, None, "tp")
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=check_vma)
+    return jax.jit(jax.grad(lambda q: sharded(q, k, v).sum()))(q), jax.grad(
+        lambda q: jaxckpt.attention_reference(q, k, v, is_causal=True).sum()
+    )(q)
+
+
+def test_interpreted_pallas_in_shard_map_says_check_vma_or_blockwise():
+    """JAX's Pallas interpreter fails on varying-axis types; the GPU kernel does not
+    (``tests/test_gpu_compile_pallas.py``). Without check_vma it runs and is exact."""
+    with pytest.raises(NotImplementedError) as excinfo:
+        _shard_mapped_pallas(check_vma=True)
+    _check_message(excinfo, ["Pallas interpreter", "check_vma=False", "blockwise"])
+    got, want = _shard_mapped_pallas(check_vma=False)
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -120,3 +120,17 @@ def test_auto_sends_what_cudnn_lacks_to_the_triton_kernel():
     assert kernel_counts(capped.as_text())["jaxckpt_flash_fwd"] == 1
     plain = _compile(lambda *a: _model(*a, implementation=None, is_causal=True), *args).as_text()
     assert "__cudnn$fmhaSoftmax" in plain and "xla.gpu.triton" not in plain
+
+
+def test_the_triton_kernel_compiles_inside_shard_map_with_check_vma():
+    """Tensor parallel over heads: each of 2 devices runs the kernel on its heads."""
+    mesh = Mesh(plan.target_devices("h100-80g", 2), ("tp",))
+    sd = lambda s: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+    spec = P(None, None, "tp")
+    attend = lambda q, k, v: jaxckpt.flash_attention(q, k, v, is_causal=True, implementation="pallas")
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=spec, out_specs=spec)
+    loss = lambda q, k, v: sharded(q, k, v).astype(jnp.float32).sum()
+    compiled = _compile(
+        jax.grad(loss, argnums=(0, 1, 2)), sd((2, 256, 4, 64)), sd((2, 256, 2, 64)), sd((2, 256, 2, 64))
+    )
+    assert kernel_counts(compiled.as_text()) == dict.fromkeys(KERNELS, 1)

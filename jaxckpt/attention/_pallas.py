@@ -34,6 +34,7 @@ from jaxckpt.attention._pallas_layout import (
 from jaxckpt.attention._pallas_tile import Extras
 from jaxckpt.attention._platform import platform
 from jaxckpt.attention._validate import AttentionInputs, MaskArrays
+from jaxckpt.attention._vma import varying_axes
 
 
 def _extras(lay: Layout, bias, arrays: MaskArrays, seed) -> Extras:
@@ -107,6 +108,15 @@ def pallas_attention(p: AttentionInputs, block_sizes: BlockSizes | None = None):
         ``(out [B, T, N, H], lse [B, N, T] fp32)``; the lse is not differentiated.
     """
     interpret = platform() != "gpu"
+    if interpret and any(
+        varying_axes(x) for x in jax.tree.leaves((p.query, p.key, p.value, p.bias, p.arrays))
+    ):
+        raise NotImplementedError(
+            "implementation='pallas' runs the Pallas interpreter here (no GPU), which JAX "
+            f"{jax.__version__} cannot run inside jax.shard_map with check_vma=True (the GPU's "
+            "Triton kernel can). Pass check_vma=False to jax.shard_map, or use "
+            "implementation='blockwise'."
+        )
     blocks = _blocks(p, block_sizes, interpret)
     lay = Layout.create(
         p,

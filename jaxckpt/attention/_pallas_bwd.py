@@ -17,7 +17,6 @@ Dropout multiplies P in ``dV`` and ``dP`` by the same regenerated keep mask as t
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -25,9 +24,9 @@ from jax.experimental import pallas as pl
 from jaxckpt.attention import _pallas_tile as tile
 from jaxckpt.attention._pallas_fwd import (
     bounds_spec,
-    compiler_params,
     extras_specs,
     flat_extras,
+    run_kernel,
     unflat_extras,
 )
 from jaxckpt.attention._pallas_layout import Layout
@@ -42,16 +41,17 @@ def delta(lay: Layout, out, do):
     """``rowsum(dO * O)`` ``[B, N, Tp]`` fp32 from padded ``out`` and ``dO`` ``[B, Tp, N, Hp]``."""
     bq = lay.dq[0]
     rows = pl.BlockSpec((None, bq, None, lay.h_pad), lambda i, b, n: (b, i, n, 0))
-    return pl.pallas_call(
+    (dlt,) = run_kernel(
+        lay,
         _delta_kernel,
+        "jaxckpt_flash_bwd_delta",
         grid=(lay.t_pad // bq, lay.batch, lay.num_heads),
         in_specs=[rows, rows],
-        out_specs=pl.BlockSpec((None, None, bq), lambda i, b, n: (b, n, i)),
-        out_shape=jax.ShapeDtypeStruct((lay.batch, lay.num_heads, lay.t_pad), jnp.float32),
-        compiler_params=compiler_params(lay),
-        interpret=lay.interpret,
-        name="jaxckpt_flash_bwd_delta",
-    )(out, do)
+        out_specs=[pl.BlockSpec((None, None, bq), lambda i, b, n: (b, n, i))],
+        out_shapes=[((lay.batch, lay.num_heads, lay.t_pad), jnp.float32)],
+        args=(out, do),
+    )
+    return dlt
 
 
 def _ds(lay, ex, q, k, v, do, lse, dlt, b, n, q0, k0, head=None):
@@ -108,8 +108,10 @@ def dkdv(lay: Layout, q, k, v, do, lse, dlt, bounds, extras: tile.Extras):
     group_rows = pl.BlockSpec((None, lay.t_pad, g, lay.h_pad), lambda j, b, h: (b, 0, h, 0))
     group_stats = pl.BlockSpec((None, g, lay.t_pad), lambda j, b, h: (b, h, 0))
     keys = pl.BlockSpec((None, bk, None, lay.h_pad), lambda j, b, h: (b, j, h, 0))
-    return pl.pallas_call(
+    return run_kernel(
+        lay,
         functools.partial(_dkdv_kernel, lay, extras),
+        "jaxckpt_flash_bwd_dkdv",
         grid=(nk, lay.batch, lay.kv_heads),
         in_specs=[
             group_rows,
@@ -123,11 +125,9 @@ def dkdv(lay: Layout, q, k, v, do, lse, dlt, bounds, extras: tile.Extras):
             *extras_specs(lay, extras, per_group=True),
         ],
         out_specs=[keys, keys],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=compiler_params(lay),
-        interpret=lay.interpret,
-        name="jaxckpt_flash_bwd_dkdv",
-    )(q, k, v, do, lse, dlt, *bounds, *flat_extras(extras))
+        out_shapes=[(k.shape, k.dtype), (v.shape, v.dtype)],
+        args=(q, k, v, do, lse, dlt, *bounds, *flat_extras(extras)),
+    )
 
 
 def _dq_kernel(
@@ -172,12 +172,14 @@ def dq(lay: Layout, q, k, v, do, lse, dlt, bounds, extras: tile.Extras, *, need_
     rows = pl.BlockSpec((None, bq, None, lay.h_pad), lambda i, b, n: (b, i, n, 0))
     keys = pl.BlockSpec((None, lay.s_pad, None, lay.h_pad), lambda i, b, n: (b, 0, n // g, 0))
     stats = pl.BlockSpec((None, None, bq), lambda i, b, n: (b, n, i))
-    out_specs, out_shape = [rows], [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    out_specs, out_shapes = [rows], [(q.shape, q.dtype)]
     if need_ds:
         out_specs.append(pl.BlockSpec((None, None, bq, lay.s_pad), lambda i, b, n: (b, n, i, 0)))
-        out_shape.append(jax.ShapeDtypeStruct((lay.batch, lay.num_heads, lay.t_pad, lay.s_pad), jnp.float32))
-    return pl.pallas_call(
+        out_shapes.append(((lay.batch, lay.num_heads, lay.t_pad, lay.s_pad), jnp.float32))
+    return run_kernel(
+        lay,
         functools.partial(_dq_kernel, lay, extras, need_ds),
+        "jaxckpt_flash_bwd_dq",
         grid=(nq, lay.batch, lay.num_heads),
         in_specs=[
             rows,
@@ -191,8 +193,6 @@ def dq(lay: Layout, q, k, v, do, lse, dlt, bounds, extras: tile.Extras, *, need_
             *extras_specs(lay, extras, per_group=False),
         ],
         out_specs=out_specs,
-        out_shape=out_shape,
-        compiler_params=compiler_params(lay),
-        interpret=lay.interpret,
-        name="jaxckpt_flash_bwd_dq",
-    )(q, k, v, do, lse, dlt, *bounds, *flat_extras(extras))
+        out_shapes=out_shapes,
+        args=(q, k, v, do, lse, dlt, *bounds, *flat_extras(extras)),
+    )

@@ -22,6 +22,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxckpt.attention import _pallas_tile as tile
 from jaxckpt.attention._pallas_layout import Layout
+from jaxckpt.attention._vma import vary_like
 
 
 def extras_specs(lay: Layout, extras: tile.Extras, *, per_group: bool):
@@ -60,8 +61,24 @@ def unflat_extras(present: tile.Extras, refs) -> tile.Extras:
     return tile.Extras(*(None if x is None else next(refs) for x in present))
 
 
-def compiler_params(lay: Layout):
-    return plgpu.CompilerParams(num_warps=lay.num_warps, num_stages=lay.num_stages)
+def run_kernel(lay: Layout, kernel, name: str, *, grid, in_specs, out_specs, out_shapes, args):
+    """``pallas_call`` of ``kernel`` on ``args``, with ``out_shapes`` as ``(shape, dtype)``s.
+
+    Inside ``jax.shard_map`` with ``check_vma`` an output must say over which mesh axes it
+    varies: the inputs are cast to vary over all their axes, and the outputs vary like them.
+    """
+    args = vary_like(list(args), *args)
+    mat = jax.typeof(args[0]).mat
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=[jax.ShapeDtypeStruct(s, d, manual_axis_type=mat) for s, d in out_shapes],
+        compiler_params=plgpu.CompilerParams(num_warps=lay.num_warps, num_stages=lay.num_stages),
+        interpret=lay.interpret,
+        name=name,
+    )(*args)
 
 
 def bounds_spec(n: int):
@@ -119,8 +136,10 @@ def forward(lay: Layout, q, k, v, bounds, extras: tile.Extras):
     g = lay.groups
     rows = pl.BlockSpec((None, bq, None, lay.h_pad), lambda i, b, n: (b, i, n, 0))
     keys = pl.BlockSpec((None, lay.s_pad, None, lay.h_pad), lambda i, b, n: (b, 0, n // g, 0))
-    return pl.pallas_call(
+    return run_kernel(
+        lay,
         functools.partial(_kernel, lay, extras),
+        "jaxckpt_flash_fwd",
         grid=(nq, lay.batch, lay.num_heads),
         in_specs=[
             rows,
@@ -131,11 +150,6 @@ def forward(lay: Layout, q, k, v, bounds, extras: tile.Extras):
             *extras_specs(lay, extras, per_group=False),
         ],
         out_specs=[rows, pl.BlockSpec((None, None, bq), lambda i, b, n: (b, n, i))],
-        out_shape=[
-            jax.ShapeDtypeStruct(q.shape, q.dtype),
-            jax.ShapeDtypeStruct((lay.batch, lay.num_heads, lay.t_pad), jnp.float32),
-        ],
-        compiler_params=compiler_params(lay),
-        interpret=lay.interpret,
-        name="jaxckpt_flash_fwd",
-    )(q, k, v, *bounds, *flat_extras(extras))
+        out_shapes=[(q.shape, q.dtype), ((lay.batch, lay.num_heads, lay.t_pad), jnp.float32)],
+        args=(q, k, v, *bounds, *flat_extras(extras)),
+    )
