@@ -118,3 +118,19 @@ def test_gradients_are_the_same_under_every_policy():
     for name in POLICIES:
         for i, (got, want) in enumerate(zip(grads[name], grads["no_checkpoint"], strict=True)):
             assert_close(got, want, jnp.float32, "grad", f"{name} grad {i}")
+
+
+def _pallas_model(x, w_qkv, w_out):
+    qkv = (x @ w_qkv).reshape(B, T, 3, N, H)
+    out = jaxckpt.flash_attention(*(qkv[:, :, i] for i in range(3)), is_causal=True, implementation="pallas")
+    return jnp.sum(jnp.tanh(out.reshape(B, T, N * H) @ w_out))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_pallas_saves_the_same_tagged_residuals(policy, capsys):
+    """The Pallas kernel's out and lse are the tagged residuals too (that the compiled step
+    then runs one forward kernel, not two, is in tests/test_gpu_compile_pallas.py)."""
+    jax.ad_checkpoint.print_saved_residuals(jax.checkpoint(_pallas_model, policy=POLICIES[policy]), *_args())
+    printed = capsys.readouterr().out
+    named = {tag for tag in ("attn_out", "attn_lse") if f"named '{tag}'" in printed}
+    assert named == ({"attn_out", "attn_lse"} if policy == "save_attn" else set()), printed
