@@ -35,8 +35,8 @@ assignment (``--xla_dump_to``) of bf16 ``small``, ``gpt2`` and FSDP ``llama2-7b`
 * bfloat16 kernels: no float32 copy of the weight stacks (``widened_bytes`` is 0), and a
   bfloat16 dot's result stays bfloat16, the graph's own dtype (XLA:CPU runs every dot in
   float32).
-* attention is cuDNN's where it takes the layer (``attention_implementation``): the
-  blockwise kernel's residuals, no score tile.
+* attention is cuDNN's where it takes the layer, else the Pallas kernel's
+  (``attention_implementation``): the blockwise kernel's residuals, no score tile.
 * fusion: a recomputed layer's backward holds a norm's row statistics, not its fp32
   normalised input, and one tensor of a gated activation (``layer_graph(target=)``).
 * the layer's saved residuals are sliced out of their stacks as copies (the backward
