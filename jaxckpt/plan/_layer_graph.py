@@ -23,8 +23,9 @@ The graph is XLA:CPU's, or XLA:GPU's for a GPU target (``layer_graph(target=)``)
 attention is cuDNN where it takes the layer, else the Pallas kernel
 (``attention_implementation``; the blockwise kernel's residuals, tagged alike, and no score
 tile: a deviceless compile leaves cuDNN's workspace at ``u8[0]``), and a recomputed
-backward holds fewer internals, as XLA:GPU fuses elementwise chains into their consumers: a norm's row statistics, not its fp32 normalised
-input, and ``ActivationCost.held_gpu`` of a gated activation.
+backward holds fewer internals, as XLA:GPU fuses elementwise chains into their consumers:
+a norm's row statistics, not its fp32 normalised input, and ``ActivationCost.held_gpu`` of
+a gated activation.
 """
 
 import dataclasses
