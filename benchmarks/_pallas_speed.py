@@ -39,14 +39,15 @@ def _attention(impl: str, causal: bool, interpret: bool):
     return functools.partial(jaxckpt.flash_attention, is_causal=causal, implementation=impl, scale=1.0)
 
 
-def _time(fn, args, reps: int, deadline: float) -> float:
+def run_times(fn, args, reps: int, deadline: float) -> list[float]:
+    """Seconds of ``reps`` runs of ``fn(*args)`` after a warm-up (at least one, then until the deadline)."""
     jax.block_until_ready(fn(*args))  # warm-up
     times = []
     while len(times) < reps and (not times or time.time() < deadline):
         tick = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - tick)
-    return statistics.median(times)
+    return times
 
 
 def _one(impl: str, q, k, v, causal: bool, fwd_flops: float, reps: int, deadline: float, interpret: bool):
@@ -59,7 +60,7 @@ def _one(impl: str, q, k, v, causal: bool, fwd_flops: float, reps: int, deadline
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
     row = {}
     for name, fn, flops in (("fwd", fwd, fwd_flops), ("fwd+bwd", step, 3.5 * fwd_flops)):
-        seconds = _time(fn, (q, k, v), reps, deadline)
+        seconds = statistics.median(run_times(fn, (q, k, v), reps, deadline))
         row[name] = {"median_s": seconds, "tflops": flops / seconds / 1e12}
     return row
 

@@ -85,7 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # attent
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _pallas_speed import part_pallas
+from _pallas_speed import part_pallas, run_times
 from _pallas_speed import summary as pallas_summary
 from _results import write_json
 from rich.console import Console
@@ -285,12 +285,7 @@ def _throughput_one(impl, args4, flops, limit, reps, deadline) -> dict:
     row = {"compile_s": time.perf_counter() - start, "temp_bytes": int(ma.temp_size_in_bytes)}
     if need > 0.85 * limit:
         return {**row, "status": "skipped", "reason": f"needs {need / 2**30:.1f} GiB of {limit / 2**30:.1f}"}
-    jax.block_until_ready(compiled(*args4))  # warm-up
-    times = []
-    while len(times) < reps and (not times or time.time() < deadline):
-        tick = time.perf_counter()
-        jax.block_until_ready(compiled(*args4))
-        times.append(time.perf_counter() - tick)
+    times = run_times(compiled, args4, reps, deadline)
     seconds = statistics.median(times)
     tflops = flops / seconds / 1e12
     return {
