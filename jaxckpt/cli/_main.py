@@ -80,11 +80,17 @@ def _unavailable(args: argparse.Namespace, err: ImportError) -> int:
     raise ValueError(f"this subcommand could not be loaded: {err}")
 
 
+NONFINITE_EXIT = 3
+"""The exit status of a run stopped by a non-finite step (``--on-nonfinite stop``); bad
+input, a failed write included, exits 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the ``jaxckpt`` command line; returns the exit status.
 
-    Bad input (a ``ValueError``, ``OSError`` or ``ImportError``) exits with status 2 and
-    one line naming the flag, not a traceback: the library's ``name=`` becomes the
+    Bad input (a ``ValueError``, ``OSError`` or ``ImportError``: a failed write too) exits
+    with status 2 and one line naming the flag, not a traceback; a non-finite training
+    step (``FloatingPointError``) exits with status 3: the library's ``name=`` becomes the
     subcommand's flag (``FLAGS`` in ``jaxckpt/cli/_flags.py``, and a subcommand's own
     ``flags`` default).
 
@@ -98,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except FloatingPointError as err:  # train --on-nonfinite stop: the run diverged
+        parser.exit(NONFINITE_EXIT, f"jaxckpt {args.command}: stopped: {err}\n")
     except (ValueError, OSError, ImportError) as err:  # bad input: report it without a traceback
         message = flag_message(str(err), {**FLAGS, **getattr(args, "flags", {})})
         parser.exit(2, f"jaxckpt {args.command}: error: {message}\n")

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 
@@ -66,9 +67,19 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-dir", help="save checkpoints here")
     p.add_argument("--checkpoint-every", type=int, help="also save every N steps")
     p.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir"
+        "--resume",
+        action="store_true",
+        help="continue from the latest complete checkpoint in --checkpoint-dir (none yet: start at step 0)",
     )
     p.add_argument("--force", action="store_true", help="replace existing checkpoints in --checkpoint-dir")
+    p.add_argument(
+        "--on-nonfinite",
+        choices=train.ON_NONFINITE,
+        default="stop",
+        help="a step whose loss or gradients are not finite never updates the model; stop: end the run "
+        "there, naming the step (exit 3; the last checkpoint is the last good state), skip: go on, "
+        "counting it (default: stop; float16 loss-scale overflows are skipped either way)",
+    )
     p.add_argument(
         "--init-from",
         help="take the model and its parameters from a jaxckpt checkpoint directory (trained, or "
@@ -138,9 +149,12 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.json,
         mesh=args.mesh,
         plan=memory_plan,
+        on_nonfinite=args.on_nonfinite,
     )
     if not train.is_primary():
         return 0
+    for line in run_lines(result, args.resume, args.checkpoint_dir):
+        print(line, file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -170,6 +184,23 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
     return 0
+
+
+def run_lines(result: train.TrainRun, resume: bool, checkpoint_dir) -> list[str]:
+    """How the run began and ended, when not plainly: a ``--resume`` that found no
+    checkpoint, and a stop signal (both on stderr, so that ``--json`` stays parseable)."""
+    lines = []
+    if resume and result.resumed_from is None:
+        lines.append(f"jaxckpt train: no checkpoint in {checkpoint_dir!r} yet: started at step 0")
+    if result.stopped is not None:
+        where = " (no --checkpoint-dir: not saved)"
+        if checkpoint_dir:
+            where = f", checkpointed in {checkpoint_dir!r}"
+        lines.append(
+            f"jaxckpt train: {result.stopped['signal']} received: stopped after step "
+            f"{result.stopped['step']}{where}; --resume continues from there"
+        )
+    return lines
 
 
 def _lora_overrides(args: argparse.Namespace) -> dict:

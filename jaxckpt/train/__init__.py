@@ -12,7 +12,13 @@ Example:
     (3, True)
 """
 
-from jaxckpt.train._checkpoint import latest_step, read_meta, restore_checkpoint, save_checkpoint
+from jaxckpt.train._checkpoint import (
+    CheckpointWriteError,
+    latest_step,
+    read_meta,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from jaxckpt.train._compare import compare, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
 from jaxckpt.train._distributed import initialize, is_primary, resolve_mesh
@@ -23,6 +29,7 @@ from jaxckpt.train._loop import train
 from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
 from jaxckpt.train._master import has_master_weights
 from jaxckpt.train._memory import MemoryReport, memory_report
+from jaxckpt.train._nonfinite import ON_NONFINITE, NonFiniteError
 from jaxckpt.train._offload import offload_shardings, stream_to_host
 from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
 from jaxckpt.train._run import TrainRun
@@ -46,14 +53,17 @@ from jaxckpt.train._transforms import (
 __all__ = [
     "LOGICAL_AXIS_RULES",
     "MOMENTS_DTYPES",
+    "ON_NONFINITE",
     "OPTIMIZERS",
     "PARAMS_KIND",
     "VOCAB_SIZE",
     "ByteBatches",
+    "CheckpointWriteError",
     "DataOptions",
     "Evaluator",
     "LossScaler",
     "MemoryReport",
+    "NonFiniteError",
     "OptimizerConfig",
     "TrainOptimizer",
     "TrainRun",

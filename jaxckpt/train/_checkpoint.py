@@ -1,7 +1,16 @@
-"""Orbax checkpoints of a ``Trainer``'s model and optimizer state."""
+"""Orbax checkpoints of a ``Trainer``'s model and optimizer state, crash-safe.
 
+A step is the latest only when it is complete twice over: orbax has renamed its
+temporary directory into place, and ``jaxckpt.json`` (written after it, through a
+temporary file and a rename) lists it under ``"checkpoints"``. A run killed between the
+two leaves a step that no reader takes, and that the next save of that step replaces.
+Orbax's temporary directories left by a killed save are removed by the next save.
+"""
+
+import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import jax
@@ -17,14 +26,32 @@ scaler): restoring such a checkpoint keeps the target's initial values for it.""
 MAX_TO_KEEP = 3
 """How many of a directory's newest checkpoints are kept (older ones are deleted)."""
 
+RECORDED = "checkpoints"
+"""``jaxckpt.json``'s list of the complete steps (absent in checkpoints before it)."""
 
-def _manager(directory: Path, max_to_keep: int | None = MAX_TO_KEEP) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, say); the previous one is intact.
+
+    Example:
+        >>> import errno
+        >>> CheckpointWriteError(errno.ENOSPC, "no space").errno == errno.ENOSPC
+        True
+    """
+
+
+def _manager(directory: Path, max_to_keep: int | None = MAX_TO_KEEP, cleanup: bool = False):
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=cleanup
+    )
     return ocp.CheckpointManager(directory.absolute(), options=options)
 
 
 def latest_step(directory: str | os.PathLike) -> int | None:
-    """The newest saved step in ``directory``, or None when it holds no checkpoint.
+    """The newest complete step in ``directory``, or None when it holds no checkpoint.
+
+    Complete: orbax finished it and ``jaxckpt.json`` records it (a checkpoint written
+    without that file counts when orbax finished it).
 
     Example:
         >>> import tempfile
@@ -35,7 +62,11 @@ def latest_step(directory: str | os.PathLike) -> int | None:
     if not directory.is_dir():
         return None
     with _manager(directory) as manager:
-        return manager.latest_step()
+        steps = set(manager.all_steps())
+    recorded = read_meta(directory).get(RECORDED)
+    if recorded is not None:
+        steps &= set(recorded)
+    return max(steps, default=None)
 
 
 def save_checkpoint(
@@ -46,7 +77,16 @@ def save_checkpoint(
 
     Orbax writes each step to a temporary directory and renames it when complete, so
     an interrupted save never replaces a good checkpoint. ``meta`` (JSON) is written
-    next to it, also through a temporary file and a rename.
+    next to it, also through a temporary file and a rename, with the list of complete
+    steps (``"checkpoints"``): a step becomes the latest only then. A step that exists
+    but is not recorded (its run was killed before the metadata) is replaced; a recorded
+    one is refused.
+
+    Raises:
+        CheckpointWriteError: the write failed (a full disk, say). The error names the
+            directory, the step and the reason; the partial step is removed and the
+            previous checkpoint stays the latest, intact.
+        FileExistsError: ``step`` is already a complete checkpoint of ``directory``.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -54,19 +94,60 @@ def save_checkpoint(
         >>> state = nnx.State({"w": nnx.Param(jnp.ones(3))})
         >>> d = tempfile.mkdtemp()
         >>> _ = save_checkpoint(d, 7, state, {"seed": 0})
-        >>> latest_step(d)
-        7
+        >>> latest_step(d), read_meta(d)["checkpoints"]
+        (7, [7])
     """
     directory = Path(directory)
-    with _manager(directory) as manager:
-        tree = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
-        manager.save(step, args=ocp.args.StandardSave(tree), force=True)
-        manager.wait_until_finished()
-    if meta is not None:
-        tmp = directory / f".{META}.tmp"
-        tmp.write_text(json.dumps(meta, indent=2))
-        tmp.replace(directory / META)
+    previous = latest_step(directory)
+    tree = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
+    with _manager(directory, cleanup=True) as manager:  # removes a killed save's temp dirs
+        if step in manager.all_steps():
+            if step in read_meta(directory).get(RECORDED, ()):
+                raise FileExistsError(f"{str(directory)!r} already holds a complete checkpoint, step {step}")
+            manager.delete(step)  # a killed run's unrecorded step: not a checkpoint
+        try:
+            manager.save(step, args=ocp.args.StandardSave(tree), force=True)
+            manager.wait_until_finished()
+        except (OSError, ValueError) as err:
+            if not _is_write_error(err):
+                raise
+            raise _write_error(directory, step, previous, err) from err
+        steps = sorted(manager.all_steps())
+        if meta is not None:
+            try:
+                _write_json(directory / META, {**meta, RECORDED: steps})
+            except OSError as err:
+                manager.delete(step)  # orbax finished it, but it is not recorded: not a checkpoint
+                raise _write_error(directory, step, previous, err) from err
     return directory
+
+
+OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+"""How tensorstore (orbax's array writer) reports the errno of a failed write."""
+
+
+def _is_write_error(err: Exception) -> bool:
+    return isinstance(err, OSError) or OS_ERROR_CODE.search(str(err)) is not None
+
+
+def _write_error(directory: Path, step: int, previous: int | None, err: Exception) -> CheckpointWriteError:
+    """One line: the directory, the step, the reason, and what is left."""
+    code = err.errno if isinstance(err, OSError) else int(OS_ERROR_CODE.search(str(err)).group(1))
+    reason = os.strerror(code) if code else str(err).splitlines()[0]
+    kept = "it holds no earlier one" if previous is None else f"the previous one, step {previous}, is intact"
+    name = errno.errorcode.get(code, code)
+    message = f"could not write checkpoint step {step} to {str(directory)!r}: {reason} ({name}); {kept}"
+    return CheckpointWriteError(code or errno.EIO, message)
+
+
+def _write_json(path: Path, value: dict) -> None:
+    """``value`` as JSON at ``path``, through a temporary file and a rename (no torn file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(value, indent=2))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def restore_checkpoint(
@@ -123,7 +204,7 @@ def read_meta(directory: str | os.PathLike) -> dict:
         >>> import tempfile, jax.numpy as jnp
         >>> d = save_checkpoint(tempfile.mkdtemp(), 0, {"w": jnp.ones(2)}, {"seed": 3})
         >>> read_meta(d)
-        {'seed': 3}
+        {'seed': 3, 'checkpoints': [0]}
     """
     path = Path(directory) / META
     return json.loads(path.read_text()) if path.exists() else {}

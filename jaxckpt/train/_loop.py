@@ -16,10 +16,12 @@ from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
 from jaxckpt.train._memory import memory_report
+from jaxckpt.train._nonfinite import check_on_nonfinite, guard_step
 from jaxckpt.train._progress import SkipCounter, memory_text, train_progress
 from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_data import DataOptions, run_data
 from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
+from jaxckpt.train._stop import stop_requests
 
 
 def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -> None:
@@ -49,10 +51,10 @@ def _barrier(name: str) -> None:
 FREE_ON_RESUME = ("remat", "attention")
 """Config fields a resumed run may change: they do not change the numbers."""
 
-OPTIMIZER_FREE_ON_RESUME = ("offload",)
+OPTIMIZER_FREE_ON_RESUME = ("offload", "skip_nonfinite")
 """``OptimizerConfig`` fields a resumed run may change (the state's layout is the same)."""
 
-RESULTS = ("eval", "data_states", "data_stats", "hf_fields")
+RESULTS = ("eval", "data_states", "data_stats", "hf_fields", "checkpoints")
 """``jaxckpt.json`` keys that record what a run did, not how it was set up."""
 
 
@@ -100,6 +102,7 @@ def train(
     eval_data: str | os.PathLike | None = None,
     eval_split: float | None = None,
     eval_every: int | None = None,
+    on_nonfinite: str = "stop",
 ) -> TrainRun:
     """Trains a ``Transformer``, from scratch or from ``init_from``, on byte-level text or
     on a data file tokenized by the model's tokenizer; the remat spec is ``config.remat``.
@@ -143,6 +146,18 @@ def train(
             ``data`` = the processes and ``fsdp`` = each process's devices.
         plan: the planner's ``MemoryPlan`` that chose ``config.remat``, kept in
             ``TrainRun.plan`` (its spec must be ``config.remat``).
+        on_nonfinite: a step whose loss or gradients are not finite never updates the
+            params or the optimizer state; ``"stop"`` then raises ``NonFiniteError``
+            naming the step (the last checkpoint is the last good state), ``"skip"``
+            goes on and counts it (``TrainRun.skipped_steps``). Under dynamic loss
+            scaling (float16) an overflow of the scaled gradients is the scaler's to
+            answer: it skips, halves the scale and goes on, whichever the policy.
+
+    Crashes and preemption: a checkpoint is the latest only once it is complete (a
+    killed save is never resumed from), and SIGTERM (a preempted job) finishes the
+    current step, saves a checkpoint (with ``checkpoint_dir``) and returns, with
+    ``TrainRun.stopped`` saying so. ``resume=True`` on a directory with no checkpoint
+    yet starts at step 0 (``TrainRun.resumed_from`` is None then).
 
     Multi-process runs: every process calls ``train`` with the same arguments (each
     builds the same model and global batches and places only its own shards); only
@@ -156,6 +171,9 @@ def train(
     Raises:
         ValueError / FileNotFoundError / FileExistsError: for bad arguments, a missing data
         file, or a checkpoint directory that would be overwritten without ``force``.
+        CheckpointWriteError: a checkpoint could not be written (a full disk); the
+        previous one is intact.
+        NonFiniteError: a step was not finite and ``on_nonfinite="stop"``.
 
     Example:
         >>> from jaxckpt import nn, train
@@ -165,6 +183,7 @@ def train(
         [0, 1]
     """
     require_positive_int("steps", steps)
+    check_on_nonfinite(on_nonfinite)
     check_seq(config, seq)
     _check_remat(config, plan)
     if resume and checkpoint_dir is None:
@@ -181,6 +200,11 @@ def train(
     _check_vocab(tok, config)
     feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
     mesh = resolve_mesh(mesh)
+    if optimizer is not None and optimizer.skip_nonfinite is not True:
+        raise ValueError(
+            f"train: optimizer.skip_nonfinite={optimizer.skip_nonfinite!r} would let a non-finite step "
+            "update the params; leave it True: on_nonfinite= says what such a step does ('stop' or 'skip')"
+        )
     trainer = Trainer(
         initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh, seed=seed
     )
@@ -201,17 +225,17 @@ def train(
         trainer, feed, directory, meta, Evaluator(trainer.model, mesh) if _evaluates(options) else None
     )
     run.results["hf_fields"] = source_hf_fields(init_from)
-    start, state = 0, None
-    if resume:
+    start, state, resumed_from = 0, None, None
+    if resume and latest_step(directory) is not None:
         saved = read_meta(directory)
         _check_resumable(saved, meta, directory)
         # orbax restores into trainer.state's shardings, memory kinds (offload) included
         start, trainer.state = restore_checkpoint(directory, trainer.state)
-        state = run.resume(saved, start)
+        state, resumed_from = run.resume(saved, start), start
     run.sources = _tokenizer_sources(tokenizer, init_from, tok)
-    records = run.steps(start, steps, state, progress, memory, checkpoint_every, eval_every)
-    if directory is not None and records:
-        run.save(steps)
+    run.on_nonfinite = on_nonfinite
+    with stop_requests() as stop:
+        records = run.steps(start, steps, state, progress, memory, checkpoint_every, eval_every, stop)
     scale = trainer.loss_scale()
     return TrainRun(
         records,
@@ -222,6 +246,8 @@ def train(
         run.data_report(),
         skipped_steps=scale["skipped_steps"],
         loss_scale=scale["scale"],
+        resumed_from=resumed_from,
+        stopped=None if stop.received is None else {"signal": stop.received, "step": start + len(records)},
     )
 
 
@@ -269,6 +295,8 @@ class _Run:
         self.results = {"eval": [], "data_states": {}, "hf_fields": {}}
         self.sources: list = []
         self.state = None  # the data stream's state after the latest batch (None: byte windows)
+        self.on_nonfinite = "stop"
+        self.saved = 0  # the latest step checkpointed, or resumed from (0: none)
 
     def resume(self, saved: dict, step: int):
         """The data state saved with checkpoint ``step`` (None for byte windows), and the
@@ -287,26 +315,44 @@ class _Run:
         self.state = states[str(step)]
         return self.state
 
-    def steps(self, start, steps, state, progress, memory, every, eval_every) -> list[dict]:
+    def steps(self, start, steps, state, progress, memory, every, eval_every, stop) -> list[dict]:
+        """Steps ``start..steps-1`` (fewer when ``stop`` is received: the step under way
+        finishes), checkpointing every ``every`` steps and after the last one run."""
         records = []
         stream = self.feed.iterate(start, state)
         shape = jax.tree.leaves(self.feed.first)[0].shape
         tokens_per_step = shape[0] * shape[1] * (shape[2] - (self.feed.kind == "windows"))
         skips = SkipCounter(self.trainer)
+        self.saved = start
         with train_progress(steps, start, progress and is_primary()) as update:
             for step in range(start, steps):
+                if stop.received:
+                    break
                 batch, state = next(stream)
                 t0 = time.perf_counter()
                 loss = float(jax.block_until_ready(self.trainer.step(batch)))
                 seconds = time.perf_counter() - t0
-                records.append({"step": step, "loss": loss, "step_seconds": seconds, **skips.after_step()})
+                record = {"step": step, "loss": loss, "step_seconds": seconds, **skips.after_step()}
+                dynamic = self.trainer.loss_scale_mode == "dynamic"
+                guard_step(self.on_nonfinite, step, loss, record["skipped"], dynamic, self._last_checkpoint())
+                records.append(record)
                 done = step + 1
                 evaluation = self._evaluate(done) if self._due(done, steps, eval_every) else None
                 update(done, loss, tokens_per_step / seconds, memory_text(memory), evaluation, skips.text())
                 self.state = state
-                if self.directory is not None and every and done % every == 0 and done < steps:
+                if self.directory is not None and every and done % every == 0:
                     self.save(done)
+        if self.directory is not None and start + len(records) > self.saved:
+            self.save(start + len(records))
         return records
+
+    def _last_checkpoint(self) -> str:
+        """Where the last good state is, for a ``NonFiniteError``'s message."""
+        if self.directory is None:
+            return "and no checkpoint is written (no checkpoint_dir)"
+        if self.saved == 0:
+            return f"and {str(self.directory)!r} holds no checkpoint of this run yet"
+        return f"the last good checkpoint is step {self.saved} in {str(self.directory)!r}"
 
     def _due(self, done: int, steps: int, eval_every) -> bool:
         if self.evaluator is None:
@@ -332,6 +378,7 @@ class _Run:
                 self.results["data_states"] = {k: states[k] for k in newest}
             meta = {**self.meta, **self.results, "data_stats": self.feed.stats}
         save_checkpoint(self.directory, step, self.trainer.state, meta)
+        self.saved = step
         if is_primary():
             for source in self.sources:
                 _copy_tokenizer(Path(source), self.directory)

@@ -86,8 +86,11 @@ class OptimizerConfig:
             unchanged), halves the scale, and doubles it after ``loss_scale_period`` good steps.
         loss_scale_init: the dynamic scale's first value. loss_scale_period: good steps
             before it grows.
-        skip_nonfinite: skip a step whose loss or gradients are not finite, counted in
-            ``Trainer.loss_scale()["skipped_steps"]``; None: with dynamic loss scaling only.
+        skip_nonfinite: skip a step whose loss or gradients are not finite (params and
+            optimizer state unchanged), counted in ``Trainer.loss_scale()["skipped_steps"]``;
+            the default. False applies such a step's update (the params become non-finite);
+            None: with dynamic loss scaling only. ``train`` needs True: its ``on_nonfinite``
+            then stops or goes on.
 
     Raises:
         ValueError: naming the field, for a value out of its range or choices.
@@ -119,7 +122,7 @@ class OptimizerConfig:
     loss_scale: str | float = "auto"
     loss_scale_init: float = 2.0**15
     loss_scale_period: int = 2000
-    skip_nonfinite: bool | None = None
+    skip_nonfinite: bool | None = True
 
     def __post_init__(self):
         if not self.learning_rate > 0:

@@ -16,8 +16,9 @@ class TrainRun:
         >>> from jaxckpt import nn, train
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
         >>> run = train.train(cfg, steps=1, batch=2, seq=16, progress=False)
-        >>> sorted(run.to_dict())
-        ['data', 'eval', 'loss_scale', 'memory', 'optimizer', 'plan', 'skipped_steps', 'steps', 'temp_bytes']
+        >>> sorted(run.to_dict())  # doctest: +NORMALIZE_WHITESPACE
+        ['data', 'eval', 'loss_scale', 'memory', 'optimizer', 'plan', 'resumed_from', 'skipped_steps',
+         'steps', 'stopped', 'temp_bytes']
         >>> run.plan is None, run.skipped_steps
         (True, 0)
     """
@@ -34,14 +35,20 @@ class TrainRun:
     """The data: ``{"kind": "windows" | "packed", "tokenizer", ...}`` and, for a packed
     stream, its counts (documents, split documents, packing efficiency, ...)."""
     skipped_steps: int = 0
-    """Steps skipped for a non-finite loss or gradients (float16 loss scaling), this run's
-    and, after a resume, the earlier ones."""
+    """Steps skipped for a non-finite loss or gradients (``on_nonfinite="skip"``, or the
+    float16 loss scaler's overflows), this run's and, after a resume, the earlier ones."""
     loss_scale: "float | None" = None
     """The loss scale after the last step (None without loss scaling)."""
+    resumed_from: "int | None" = None
+    """The checkpoint step this run resumed from (None: it started at step 0)."""
+    stopped: "dict | None" = None
+    """``{"signal": "SIGTERM", "step": N}`` when a stop signal ended the run after ``N``
+    steps (checkpointed there); None when it ran all its steps."""
 
     def to_dict(self) -> dict:
         """``{"steps": [{"step", "loss", "step_seconds", "skipped", "loss_scale"}], "temp_bytes",
-        "memory", "plan", "eval", "data", "skipped_steps", "loss_scale", "optimizer"}``
+        "memory", "plan", "eval", "data", "skipped_steps", "loss_scale", "optimizer",
+        "resumed_from", "stopped"}``
         (``optimizer``: ``OptimizerConfig.to_dict()``, and with ``offload`` whether it saves
         device memory here, ``offload_saves_memory``: False on CPU)."""
         return {
@@ -54,6 +61,8 @@ class TrainRun:
             "skipped_steps": self.skipped_steps,
             "loss_scale": self.loss_scale,
             "optimizer": self.optimizer_report(),
+            "resumed_from": self.resumed_from,
+            "stopped": self.stopped,
         }
 
     def optimizer_report(self) -> dict:
