@@ -1,0 +1,270 @@
+"""The fault-injection harness: ``jaxckpt train`` killed at random moments, then resumed.
+
+A *round* trains one checkpoint directory to the end through killed processes: each
+process runs ``jaxckpt train ... --checkpoint-dir D --resume`` and is killed, with
+SIGKILL, either from outside after a random delay, or by itself just before a random
+file-system call of a checkpoint write (``tests/fault_child.py``). The next process
+resumes. When one finishes, the round is checked against an uninterrupted run of the
+same command:
+
+- every process ended by the kill or finished (exit 0): every resume succeeded;
+- after each kill, the latest step is a complete checkpoint (orbax finished it and
+  ``jaxckpt.json`` records it, with its data state for a packed stream);
+- every loss any process logged is bit-identical to the uninterrupted run's at that step,
+  and the final checkpoint's arrays are bit-identical to its final checkpoint's;
+- no temporary directory or file is left in the directory.
+
+``tests/test_faults_kill.py`` runs 10 kills; ``benchmarks/bench_faults.py`` runs 100.
+"""
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+CHILD = Path(__file__).with_name("fault_child.py")
+
+TRAIN_ARGS = ("--layers", "1", "--batch", "2", "--seq", "16", "--json")
+"""The tiny model of ``jaxckpt train``, with one layer (odd sizes are not needed: the
+harness checks the checkpoints, not the model)."""
+
+TEMPORARY = ("*.orbax-checkpoint-tmp*", ".*.tmp")
+"""What a killed save can leave in a checkpoint directory (orbax's and ours)."""
+
+WRITE_KILL_CALLS = 90
+"""Self-kills pick one of the first N file-system calls of the process's saves (a save
+makes about 40: one or two saves' worth)."""
+
+
+@dataclasses.dataclass
+class Process:
+    """One ``jaxckpt train`` process of a round."""
+
+    how: str  # "reference", "kill after 1.23 s", "kill at os.rename", "finished", ...
+    returncode: int
+    losses: dict[int, str]  # step -> loss (float.hex)
+    stderr: str
+    seconds: float
+
+    @property
+    def killed(self) -> bool:
+        return self.returncode in (-signal.SIGKILL, -signal.SIGTERM)
+
+
+def run_process(
+    workdir: Path,
+    train_args: tuple,
+    checkpoint_dir: Path,
+    *,
+    kill_at: int = 0,
+    sig: str = "KILL",
+    kill_after: float | None = None,
+    after_first_step: bool = False,
+    timeout: float = 300,
+) -> Process:
+    """Runs one ``jaxckpt train --resume`` process (see ``fault_child.py``): killed by
+    itself at its ``kill_at``-th checkpoint file-system call, or by the harness
+    ``kill_after`` seconds after it started (``after_first_step``: after its first step),
+    or neither."""
+    n = len(list(workdir.glob("progress-*.txt")))
+    progress, stderr = workdir / f"progress-{n}.txt", workdir / f"stderr-{n}.txt"
+    progress.touch()
+    command = [sys.executable, str(CHILD), str(progress), str(kill_at), sig, "--", *train_args]
+    command += ["--checkpoint-dir", str(checkpoint_dir), "--resume"]
+    t0 = time.perf_counter()
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=child_env())
+        while after_first_step and proc.poll() is None and "step " not in progress.read_text():
+            time.sleep(0.02)
+        if kill_after is not None:
+            try:
+                proc.wait(timeout=kill_after)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(getattr(signal, f"SIG{sig}"))
+        proc.wait(timeout=timeout)
+    seconds = time.perf_counter() - t0
+    lines = progress.read_text().splitlines()
+    losses = {int(s): loss for _, s, loss in (line.split() for line in lines if line.startswith("step "))}
+    kills = [line.split(maxsplit=2)[2] for line in lines if line.startswith("kill ")]
+    if kills:
+        how = f"{sig} at {kills[0]} in a checkpoint write"
+    elif kill_after is not None and proc.returncode != 0:
+        how = f"{sig} after {kill_after:.2f} s"
+    else:
+        how = "finished"
+    return Process(how, proc.returncode, losses, stderr.read_text(), seconds)
+
+
+def checkpoint_arrays(directory: Path, step: int) -> dict:
+    """The arrays of checkpoint ``step`` of ``directory``, as flat ``{path: ndarray}``."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # orbax: "Sharding info not provided when restoring"
+        tree = ocp.PyTreeCheckpointer().restore((directory / str(step) / "default").absolute())
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def identical(a: dict, b: dict) -> bool:
+    """Bit for bit (NaNs included)."""
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a
+    )
+
+
+def strays(directory: Path) -> list[str]:
+    """Temporary directories and files left in ``directory``."""
+    return sorted(p.name for pattern in TEMPORARY for p in directory.glob(pattern))
+
+
+def latest_is_complete(directory: Path, packed: bool) -> bool:
+    """Whether the step every reader takes as the latest is a complete checkpoint: orbax
+    finished it (its directory, not a temporary one), ``jaxckpt.json`` records it and,
+    for a packed stream, holds its data state."""
+    from jaxckpt.train import latest_step, read_meta
+
+    step = latest_step(directory)
+    if step is None:
+        return True
+    meta = read_meta(directory)
+    complete = (directory / str(step) / "default").is_dir() and step in meta.get("checkpoints", ())
+    return complete and (not packed or str(step) in meta.get("data_states", {}))
+
+
+@dataclasses.dataclass
+class Report:
+    """What the kills did and what the checks found."""
+
+    kills: int = 0
+    kills_in_writes: int = 0  # self-kills inside a checkpoint write
+    kills_leaving_temporaries: int = 0  # outside kills that left a save's temp directory
+    processes: int = 0
+    resume_failures: list = dataclasses.field(default_factory=list)
+    incomplete_latest: int = 0
+    rounds: int = 0
+    rounds_identical: int = 0
+    losses_checked: int = 0
+    losses_differing: list = dataclasses.field(default_factory=list)
+    strays: list = dataclasses.field(default_factory=list)
+    moments: dict = dataclasses.field(default_factory=dict)  # "os.rename" -> kills there
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.resume_failures
+            and not self.incomplete_latest
+            and not self.losses_differing
+            and not self.strays
+            and self.rounds == self.rounds_identical
+        )
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "ok": self.ok}
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The uninterrupted run: its arguments, its process and its final arrays."""
+
+    args: tuple
+    steps: int
+    process: Process
+    arrays: dict
+
+
+def reference_run(workdir: Path, train_args: tuple, steps: int, every: int) -> Reference:
+    """Runs ``train_args`` for ``steps`` steps, checkpointing every ``every``, unkilled."""
+    args = (*train_args, "--steps", str(steps), "--checkpoint-every", str(every))
+    process = run_process(workdir, args, workdir / "reference")
+    if process.returncode != 0:
+        raise RuntimeError(f"the uninterrupted run failed:\n{process.stderr}")
+    return Reference(args, steps, process, checkpoint_arrays(workdir / "reference", steps))
+
+
+def kill_and_resume(workdir: Path, reference: Reference, kills: int, seed: int, packed: bool) -> Report:
+    """``kills`` SIGKILLs over as many rounds as they take, each round checked against
+    the uninterrupted run (see the module's docstring)."""
+    rng = random.Random(seed)
+    args = reference.args
+    report = Report(processes=1)
+    directory, done = None, True
+    while report.kills < kills or not done:
+        if done:
+            report.rounds += 1
+            directory, done, logged = workdir / f"round-{report.rounds}", False, []
+        if report.kills < kills and rng.random() < 0.5:
+            proc = run_process(workdir, args, directory, kill_at=rng.randint(1, WRITE_KILL_CALLS))
+        elif report.kills < kills:
+            delay = rng.uniform(0, reference.process.seconds)
+            proc = run_process(workdir, args, directory, kill_after=delay)
+        else:
+            proc = run_process(workdir, args, directory)
+        report.processes += 1
+        logged.append(proc)
+        if proc.killed:
+            report.kills += 1
+            if "checkpoint write" in proc.how:
+                report.kills_in_writes += 1
+                moment = proc.how.split(" at ")[1].split(" in ")[0]
+                report.moments[moment] = report.moments.get(moment, 0) + 1
+            elif any(directory.glob(TEMPORARY[0])):
+                report.kills_leaving_temporaries += 1
+            report.incomplete_latest += not latest_is_complete(directory, packed)
+        elif proc.returncode != 0:
+            report.resume_failures.append(f"{directory.name}: exit {proc.returncode}: {proc.stderr[-2000:]}")
+            done = True  # the round cannot go on
+            continue
+        else:
+            done = True
+            report.rounds_identical += check_round(report, directory, logged, reference)
+    return report
+
+
+def check_round(report: Report, directory: Path, logged: list, reference: Reference) -> bool:
+    """Every logged loss against the reference's, the final arrays against its, and
+    strays; adds the findings to ``report`` and says whether the round is identical."""
+    expected = reference.process.losses
+    differing = [
+        f"{directory.name} step {step}: {loss} != {expected.get(step)}"
+        for proc in logged
+        for step, loss in proc.losses.items()
+        if loss != expected.get(step)
+    ]
+    report.losses_checked += sum(len(proc.losses) for proc in logged)
+    report.losses_differing += differing
+    left = strays(directory)
+    report.strays += [f"{directory.name}/{name}" for name in left]
+    final = checkpoint_arrays(directory, reference.steps)
+    return not differing and not left and identical(final, reference.arrays)
+
+
+def summary_rows(report: Report) -> list[tuple[str, str]]:
+    """The report as (what, figure) rows, for a table."""
+    return [
+        ("SIGKILLs", str(report.kills)),
+        ("  inside a checkpoint write (self-kill at a file-system call)", str(report.kills_in_writes)),
+        ("  from outside, leaving a save's temporary directory", str(report.kills_leaving_temporaries)),
+        ("processes started (kills, resumes to the end, one uninterrupted)", str(report.processes)),
+        ("resumes that failed", str(len(report.resume_failures))),
+        ("kills after which the latest step was not complete", str(report.incomplete_latest)),
+        ("rounds (a directory trained to the end through kills)", str(report.rounds)),
+        ("rounds bit-identical to the unkilled run (losses, final arrays)", str(report.rounds_identical)),
+        ("losses compared", str(report.losses_checked)),
+        ("losses that differed", str(len(report.losses_differing))),
+        ("temporary files or directories left", str(len(report.strays))),
+        ("kill moments inside writes", json.dumps(dict(sorted(report.moments.items())))),
+    ]
+
+
+def child_env() -> dict:
+    """The children's environment: this one's, without torch's device autoload."""
+    return {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
