@@ -130,7 +130,7 @@ def test_cli_mesh_larger_than_the_devices_is_a_clear_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--mesh", "data=16", "--steps", "1", "--json"])
     assert exit_info.value.code == 2
-    assert "--mesh {'data': 16} needs 16 devices; this process sees 8" in capsys.readouterr().err
+    assert "--mesh 'data=16' needs 16 devices; this process sees 8" in capsys.readouterr().err
 
 
 def test_logical_axis_rules_place_every_parameter():

@@ -41,6 +41,7 @@ PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"} | {d: 
 """``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
 
 PLAN_FLAGS = {
+    "device": "--device",
     "mesh": "jaxckpt train --mesh",
     "lora": "--lora",
     "quantize_base": "--quantize-base",
@@ -90,13 +91,15 @@ def add_parser(sub) -> None:
         "--device with the gpu-aot extra, compiled without a GPU; else XLA:CPU).",
     )
     p.add_argument("--model", required=True, choices=list(nn.PRESETS), help="model preset")
-    p.add_argument("--batch", required=True, type=_positive_int, help="sequences per micro-batch")
-    p.add_argument("--seq", required=True, type=_positive_int, help="tokens per sequence")
+    # sizes and the device are checked by the library (plan.Workload, plan.device_preset), which names
+    # the value and its limit, in one line (argparse would print the whole usage first)
+    p.add_argument("--batch", required=True, type=int, help="sequences per micro-batch")
+    p.add_argument("--seq", required=True, type=int, help="tokens per sequence (at most the model's max_len)")
     p.add_argument(
         "--device",
-        choices=list(plan.DEVICES),
-        help="plan for this device: its memory is the budget (unless --budget), its matmul rate prices "
-        "recompute; a GPU's step is compiled by XLA:GPU for it (the gpu-aot extra)",
+        help=f"plan for this device ({', '.join(plan.DEVICES)}): its memory is the budget (unless "
+        "--budget), its matmul rate prices recompute; a GPU's step is compiled by XLA:GPU for it (the "
+        "gpu-aot extra)",
     )
     p.add_argument(
         "--budget",
@@ -105,7 +108,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--devices",
-        type=_positive_int,
+        type=int,
         default=1,
         help="plan per device for FSDP over this many devices (jaxckpt train --mesh fsdp=N); the batch "
         "is split over them and every candidate is compiled over N devices (a GPU --device's, or "
@@ -149,7 +152,11 @@ def add_parser(sub) -> None:
         "--quantize-base", choices=nn.QUANTIZATIONS, help="the frozen base stored quantized (QLoRA)"
     )
     p.add_argument(
-        "--micro-batches", type=_positive_int, default=1, help="micro-batches accumulated per step"
+        "--micro-batches",
+        type=int,
+        default=1,
+        help="micro-batches of --batch sequences accumulated per step (any number: a step sees their "
+        "product)",
     )
     p.add_argument(
         "--split-batch",
@@ -257,7 +264,10 @@ def run(args: argparse.Namespace) -> int:
     result = answer.to_dict()
     result["notes"] = notes
     if answer.error is not None:  # the planner's hints name arguments: the table names flags
-        result["error"] = flag_message(result["error"], {**FLAGS, **PLAN_FLAGS})
+        flags = {**FLAGS, **PLAN_FLAGS}
+        if args.budget is None:  # the budget is the device's memory
+            flags["budget"] = f"--device {args.device}'s"
+        result["error"] = flag_message(result["error"], flags)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

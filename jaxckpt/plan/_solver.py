@@ -39,7 +39,9 @@ CUTS_BEFORE_TIGHTENING = 6
 
 
 class BudgetError(ValueError):
-    """No remat spec fits the budget. ``minimum_bytes`` is the smallest peak measured.
+    """No remat spec fits the budget. ``minimum_bytes`` is the smallest peak: measured by
+    XLA (``measured`` True), or, when the state the step holds throughout is already over
+    the budget and nothing was compiled, predicted under full remat (``measured`` False).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -51,9 +53,10 @@ class BudgetError(ValueError):
         True
     """
 
-    def __init__(self, message: str, minimum_bytes: int):
+    def __init__(self, message: str, minimum_bytes: int, measured: bool = True):
         super().__init__(message)
         self.minimum_bytes = minimum_bytes
+        self.measured = measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +158,9 @@ def plan_memory(
 
     Raises:
         BudgetError: when nothing fits; it gives the minimum peak and what would fit.
+            A budget below what the step holds from start to end (its arguments: the
+            parameters, the optimizer state on the device and the input tokens;
+            ``held_bytes``) is answered from that sum, before anything is compiled.
         ValueError: for a budget that is not a positive int, or a headroom outside [0, 1).
 
     Example:
@@ -235,6 +241,9 @@ def _plan_whole(
         return _plan(workload, budget, compiler.choice(workload, spec), try_spec(spec), minimum, attempts)
 
     minimum = compiler.predict(workload, "full").total
+    if held_bytes(workload) > limit:  # arithmetic answers it: no peak can be below the arguments
+        message = _infeasible_message(workload, limit, minimum, compiler, budget=budget, measured=False)
+        raise BudgetError(message, minimum, measured=False)
     # The prediction is within a few % of XLA, either way: a spec predicted slightly over
     # the limit may fit, so the search starts optimistic and lets the compiler decide.
     aim = int(limit * (1 + PREDICTION_MARGIN))
@@ -263,7 +272,35 @@ def _plan_whole(
     smallest = try_spec(PRESETS["full"]).peak
     if smallest <= limit:
         return found(PRESETS["full"])
-    raise BudgetError(_infeasible_message(workload, limit, smallest, compiler), smallest)
+    raise BudgetError(_infeasible_message(workload, limit, smallest, compiler, budget=budget), smallest)
+
+
+def held_bytes(workload: Workload) -> int:
+    """Bytes one device holds from the first instruction of the step to the last: its
+    arguments, the parameters (unless their fp32 masters live on the host), the optimizer
+    state (unless it lives on the host) and the input tokens. Every remat spec's peak is at
+    least this (a ``MemoryReport.peak`` counts the arguments), so a budget below it is
+    answered without compiling.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> from jaxckpt.plan._solver import held_bytes
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
+        >>> params, adamw = plan.state_bytes(w)
+        >>> held_bytes(w) == params + adamw + w.input_bytes
+        True
+    """
+    params, opt = state_bytes(workload)
+    params = params if workload.master_placement == "device" else 0
+    opt = opt if workload.optimizer_placement == "device" else 0
+    return params + opt + workload.input_bytes
+
+
+def _budget_words(budget: int | None, limit: int) -> str:
+    """``budget=1 B`` (the command line's ``--budget 1 B``), and what the headroom leaves of it."""
+    budget = limit if budget is None else budget
+    words = f"budget={format_bytes(budget)}"
+    return words if limit == budget else f"{words} less the headroom ({format_bytes(limit)})"
 
 
 def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempts) -> MemoryPlan:
@@ -282,9 +319,19 @@ def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempt
     )
 
 
-def _infeasible_message(workload: Workload, limit: int, smallest: int, compiler: _Compiler) -> str:
-    """What would fit instead, each with its predicted peak under full remat: micro-batches,
-    a shorter sequence, another optimizer, LoRA, QLoRA, more devices; and what was tried of
+def _infeasible_message(
+    workload: Workload,
+    limit: int,
+    smallest: int,
+    compiler: _Compiler,
+    *,
+    budget: int | None = None,
+    measured: bool = True,
+) -> str:
+    """Why nothing fits in ``limit`` (``budget`` less the headroom; None: ``limit``): the
+    smallest peak ``measured`` by XLA, or (not ``measured``) the arguments alone; then what
+    would fit instead, each with its predicted peak under full remat: micro-batches, a
+    shorter sequence, another optimizer, LoRA, QLoRA, more devices; and what was tried of
     those and would not fit alone."""
     full = lambda w: compiler.predict(w, "full").total
     fits, short = [], []
@@ -328,8 +375,23 @@ def _infeasible_message(workload: Workload, limit: int, smallest: int, compiler:
     params, opt_bytes = state_bytes(workload)
     grads = trainable_bytes(workload)
     where = "per device " if devices > 1 else ""
+    if not measured:
+        held = held_bytes(workload)
+        on_device = (
+            ("parameters", workload.master_placement == "device"),
+            ("optimizer state", workload.optimizer_placement == "device"),
+        )
+        kept = [name for name, on in on_device if on]
+        parts = f"{', '.join(kept)} and input tokens" if kept else "input tokens"
+        return (
+            f"no remat spec fits {_budget_words(budget, limit)}: the {parts} "
+            f"alone take {format_bytes(held)} {where}for the whole step (nothing compiled); "
+            f"the smallest peak, under full remat, is predicted at {format_bytes(smallest)} "
+            f"(params {format_bytes(params)}, gradients {format_bytes(grads)}, optimizer "
+            f"{format_bytes(opt_bytes)} before any activation). What would fit: {hint}"
+        )
     return (
-        f"no remat spec fits {format_bytes(limit)}: the smallest peak is {format_bytes(smallest)} "
+        f"no remat spec fits {_budget_words(budget, limit)}: the smallest peak is {format_bytes(smallest)} "
         f"{where}(params {format_bytes(params)}, gradients {format_bytes(grads)}, optimizer "
         f"{format_bytes(opt_bytes)} before any activation). What would fit: {hint}"
     )

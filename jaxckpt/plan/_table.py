@@ -214,7 +214,7 @@ def preset_table(
         minimum = min([int(chosen.minimum_bytes)] + [int(r.choice.predicted.total) for r in rows])
         source = "predicted"
     else:
-        minimum, source = int(error.minimum_bytes), "measured"
+        minimum, source = int(error.minimum_bytes), "measured" if error.measured else "predicted"
     return PresetTable(
         workload, budget, headroom, tuple(rows), chosen, error, minimum, source, step, offload,
         device=name, model=model, target=target,

@@ -113,8 +113,9 @@ class Workload:
 
     Raises:
         TypeError: when ``config`` is not a ``TransformerConfig``.
-        ValueError: for a size that is not a positive int, an unknown optimizer, or a
-            batch the devices do not divide (the message names the fields).
+        ValueError: for a size that is not a positive int, a ``seq`` over the model's
+            ``max_len``, an unknown optimizer, or a batch the devices do not divide (the
+            message names the fields).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -138,6 +139,11 @@ class Workload:
             raise TypeError(f"Workload: config must be a TransformerConfig, got {type(self.config).__name__}")
         for name in ("batch", "seq", "micro_batches", "devices"):
             require_positive_int(name, getattr(self, name), "Workload: ")
+        if self.seq > self.config.max_len:  # as train.train refuses it, before anything is traced
+            raise ValueError(
+                f"Workload: seq={self.seq} exceeds the model's config.max_len={self.config.max_len}; "
+                "plan for at most max_len tokens per sequence"
+            )
         for name, valid in CHOICES.items():
             if getattr(self, name) not in valid:
                 names = ", ".join(map(str, valid))

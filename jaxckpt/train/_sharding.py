@@ -75,7 +75,7 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
     (missing axes: 1).
 
     Raises:
-        ValueError: when the sizes' product is not the number of devices.
+        ValueError: when the sizes' product is not the number of devices (naming both).
 
     Example:
         >>> import jax
@@ -85,13 +85,37 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
     axes = parse_mesh(axes) if isinstance(axes, str) else dict(axes)
     shape = tuple(axes.get(name, 1) for name in AXES)
     devices = list(jax.devices() if devices is None else devices)
-    if math.prod(shape) != len(devices):
+    if math.prod(shape) != len(devices):  # before any array is placed or step compiled
+        text = ",".join(f"{name}={size}" for name, size in axes.items())
+        spans = f": a mesh spans every device, e.g. fsdp={len(devices)}"
+        spans = "" if math.prod(shape) > len(devices) else spans
         raise ValueError(
-            f"mesh={axes} needs {math.prod(shape)} devices; this process sees {len(devices)} "
+            f"mesh={text!r} needs {math.prod(shape)} devices; this process sees {len(devices)}{spans} "
             "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N)"
         )
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)  # XLA's SPMD partitioner places collectives
     return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+
+
+def check_batch_split(batch: int, mesh: "Mesh | None") -> None:
+    """Raises a ValueError naming ``batch`` unless the mesh's devices split it evenly
+    (data and fsdp both split the batch; no mesh: one device, any batch).
+
+    ``train.train`` calls it at entry, before the model is built.
+
+    Example:
+        >>> import jax
+        >>> check_batch_split(3, make_mesh({"fsdp": 1}, devices=jax.devices()[:1]))
+        >>> check_batch_split(3, None)
+    """
+    if mesh is None or batch % mesh.size == 0:
+        return
+    axes = " x ".join(f"{name} {size}" for name, size in mesh.shape.items())  # not name=: a flag's
+    fits = mesh.size * max(1, round(batch / mesh.size))
+    raise ValueError(
+        f"batch={batch} must be a multiple of the mesh's {mesh.size} devices ({axes}): each device "
+        f"takes an equal share of the batch; e.g. batch={fits}"
+    )
 
 
 def leaf_spec(

@@ -18,7 +18,13 @@ from jaxckpt.train._loss_scale import all_finite, keep_if_finite
 from jaxckpt.train._master import compute_copies, require_master_weights, step_masters
 from jaxckpt.train._offload import offload_shardings, require_host_memory
 from jaxckpt.train._optimizers import OptimizerConfig
-from jaxckpt.train._sharding import ACTIVATION_RULES, batch_sharding, replicated, state_shardings
+from jaxckpt.train._sharding import (
+    ACTIVATION_RULES,
+    batch_sharding,
+    check_batch_split,
+    replicated,
+    state_shardings,
+)
 
 __all__ = ["OptimizerConfig", "Trainer", "jit_train_step"]
 
@@ -268,12 +274,7 @@ class Trainer:
         key = (jax.tree.structure(abstract), tuple((a.shape, a.dtype) for a in jax.tree.leaves(abstract)))
         if key not in self._compiled:
             check_batch(abstract)
-            rows = jax.tree.leaves(abstract)[0].shape[1]
-            if self.mesh is not None and rows % self.mesh.size:
-                raise ValueError(
-                    f"batch={rows} must be a multiple of the mesh's {self.mesh.size} devices "
-                    f"({dict(self.mesh.shape)}): each device takes an equal share of the batch"
-                )
+            check_batch_split(jax.tree.leaves(abstract)[0].shape[1], self.mesh)
             self._compiled[key] = self._step.lower(self.state, abstract).compile()
         return self._compiled[key]
 
