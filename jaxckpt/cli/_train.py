@@ -8,6 +8,7 @@ from rich.console import Console
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import implementations
+from jaxckpt.train._distributed import HEARTBEAT_TIMEOUT_S
 
 
 def add_parser(sub) -> None:
@@ -98,6 +99,14 @@ def add_parser(sub) -> None:
     multi.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (it listens there)")
     multi.add_argument("--num-processes", type=int, metavar="P", help="how many processes take part")
     multi.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0..P-1")
+    multi.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        metavar="SECONDS",
+        help="a process silent this long (hung, or its host lost) is declared dead and the others "
+        f"exit (default: JAX's, {HEARTBEAT_TIMEOUT_S}); a killed process is noticed at once",
+    )
+    p.set_defaults(flags={**OPTIMIZER_FLAGS, "heartbeat_timeout": "--heartbeat-timeout"})
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
     p.set_defaults(run=run)
 
@@ -325,6 +334,8 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
     """Joins a multi-process run when the multi-host flags are given (all three, or none)."""
     missing = [flag for flag, name in MULTI_HOST_FLAGS if getattr(args, name) is None]
     if len(missing) == len(MULTI_HOST_FLAGS):
+        if args.heartbeat_timeout is not None:
+            raise ValueError("--heartbeat-timeout needs --coordinator, --num-processes and --process-id")
         return
     if missing:
         given = [flag for flag, name in MULTI_HOST_FLAGS if getattr(args, name) is not None]
@@ -332,4 +343,6 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
             f"{', '.join(given)} given without {', '.join(missing)}: "
             "--coordinator, --num-processes and --process-id go together"
         )
-    train.initialize(args.coordinator, args.num_processes, args.process_id)
+    train.initialize(
+        args.coordinator, args.num_processes, args.process_id, heartbeat_timeout=args.heartbeat_timeout
+    )
