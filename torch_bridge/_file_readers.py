@@ -92,14 +92,32 @@ class _SafetensorsReader:
         self._file.__exit__(None, None, None)
 
 
+def is_zip(path: Path) -> bool:
+    """Whether ``path`` is a zip file (one whose end record is damaged is not)."""
+    try:
+        return zipfile.is_zipfile(path)
+    except zipfile.BadZipFile:  # is_zipfile raises it for an end record claiming several disks
+        return False
+
+
 def _torch_load(path: Path) -> Any:
-    mmap = zipfile.is_zipfile(path)
+    mmap = is_zip(path)
     # torch can only mmap the zip format (torch >= 1.6). The legacy format (and a file too
     # damaged to be recognised as zip) is loaded whole with mmap=False.
     try:
         return torch().load(path, mmap=mmap, weights_only=True, map_location="cpu")
     except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, UnpicklingError...
-        raise _corrupt(path, f"torch.load failed ({type(err).__name__}: {err})", "PyTorch") from err
+        raise _corrupt(path, f"torch.load failed ({_first_line(err)})", "PyTorch") from err
+
+
+def _first_line(err: Exception) -> str:
+    """``Type: message`` on one line: torch's weights-only unpickler explains its policy on
+    several lines around the one that says what failed."""
+    text = str(err)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
 
 
 def _state_dict(obj: Any, path: Path) -> dict:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from torch_bridge._archs import architecture_of
 from torch_bridge._hf_fields import classify, report_unknown
+from torch_bridge._hf_schema import check_types
 
 MULTIMODAL_NOTE = (
     "model_type='gemma3' is multimodal: only its language model (text_config) is read; the vision "
@@ -48,7 +49,8 @@ def translate(hf: Mapping, source: str = "config.json", *, strict: bool = False)
         strict: refuse fields in no class instead of warning about them.
 
     Raises:
-        ValueError: naming ``source`` and the field: a model_type with no family, a field
+        ValueError: naming ``source`` and the field: a config that is not an object, a field
+            of the wrong type (``_hf_schema.FIELDS``), a model_type with no family, a field
             jaxckpt cannot honour (with the reason), a missing required field, or (strict)
             an unknown one.
 
@@ -58,6 +60,7 @@ def translate(hf: Mapping, source: str = "config.json", *, strict: bool = False)
         >>> t.family, t.fields["head_dim"], t.fields["qk_norm"], t.unknown
         ('qwen3', 128, True, [])
     """
+    check_types(hf, source)
     model_type = hf.get("model_type")
     arch = architecture_of(hf, source)
     family = arch.name
@@ -69,6 +72,7 @@ def translate(hf: Mapping, source: str = "config.json", *, strict: bool = False)
         unknown += outer.unknown
         hf = _text_config(hf, source)
         source = f"{source} text_config"
+        check_types(hf, source)
     found = _classified(hf, family, source)
     notes += found.notes
     unknown += [f"text_config.{u}" if model_type == "gemma3" else u for u in found.unknown]

@@ -2,7 +2,6 @@
 jaxckpt (``save_hf`` / ``write_hf`` live in ``_save``)."""
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,6 +19,7 @@ from torch_bridge._convert import (
 )
 from torch_bridge._hf_config import Translation, translate
 from torch_bridge._hf_kept import kept_fields
+from torch_bridge._hf_schema import hf_name, hf_names, read_config_json
 from torch_bridge._save import save_hf as save_hf  # re-exported: torch_bridge imports them from here
 from torch_bridge._save import write_hf as write_hf
 from torch_bridge._sources import find_config, open_tensors
@@ -70,10 +70,7 @@ def _hf_dict(hf) -> tuple[dict, str]:
         return dict(hf), "config"
     path = Path(hf)
     path = path / "config.json" if path.is_dir() else path
-    try:
-        return json.loads(path.read_text()), str(path)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    return read_config_json(path), str(path)
 
 
 def _translate(hf: dict, source: str, dtype: str, *, strict: bool) -> tuple[Translation, TransformerConfig]:
@@ -82,7 +79,7 @@ def _translate(hf: dict, source: str, dtype: str, *, strict: bool) -> tuple[Tran
     try:
         config = TransformerConfig(**found.fields, dtype=dtype, param_dtype=dtype)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{source}: {err}") from err
+        raise ValueError(f"{source}: {err}{hf_names(str(err), found.family)}") from err
     return found, config
 
 
@@ -187,6 +184,7 @@ def read_checkpoint(
         )
     with open_tensors(path) as source:
         chosen, config, found, hf_fields = _resolve_config(path, source, config, arch, dtype, strict)
+        _check_layer_count(path, source, config)
         options = dict(allow_missing=allow_missing, keep_dtypes=dtype is None, on_tensor=on_tensor)
         params, report = convert_state_dict(source, chosen, config, **options)
     report.notes.extend(found.notes)
@@ -197,6 +195,17 @@ def read_checkpoint(
             raise ValueError(f"{path}: verify=True checks Hugging Face models; the seed block has none")
         report.verified_max_abs_diff, report.verify_tolerance = run_verify(path, converted.model(), config)
     return converted
+
+
+def _check_layer_count(path, source, config: TransformerConfig) -> None:
+    """Every layer has tensors of its own: a config with more layers than the checkpoint has
+    tensors is not its config (and listing the missing tensors of millions of layers would
+    take minutes and gigabytes)."""
+    if config.n_layers > len(source):
+        raise ValueError(
+            f"{path}: the config has {config.n_layers} layers ({hf_name('n_layers', config.family)}), "
+            f"but the weights hold {len(source)} tensors in all; is it this checkpoint's config?"
+        )
 
 
 def native_dtype(source) -> str:

@@ -58,12 +58,14 @@ def _lines(file: Path, start: dict, *, bom: bool = False) -> Iterator[tuple[byte
 
 def _read_jsonl(file: Path, start: dict, _per_line: bool) -> Iterator[tuple[dict, str, dict]]:
     for raw, where, position in _lines(file, start):
-        try:
-            record = json.loads(raw)
+        try:  # decoded first: json.loads(bytes) would let UTF-8-encoded surrogates through
+            record = json.loads(raw.decode("utf-8"))
         except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not JSON ({err.msg})") from None
+            raise DataError(f"{where}: not JSON ({err.msg}, column {err.colno})") from None
         except UnicodeDecodeError as err:
-            raise DataError(f"{where}: not UTF-8 ({err.reason})") from None
+            raise DataError(f"{where}: not UTF-8 ({err.reason} at byte {err.start} of the line)") from None
+        except (ValueError, RecursionError) as err:  # an int of over 4300 digits; nesting too deep
+            raise DataError(f"{where}: not JSON ({type(err).__name__}: {err})") from None
         yield _check_object(record, where), where, position
 
 
@@ -134,14 +136,30 @@ def _parquet_batches(file: Path, row: int):
 
     try:
         parquet = pq.ParquetFile(file)
+        _check_column_types(parquet.metadata, file)
         group, first = _first_row_group(parquet.metadata, row)
         groups = list(range(group, parquet.metadata.num_row_groups))
         if groups:
             batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=groups)
             yield from _skip_rows(batches, row - first)
     except (pa.ArrowException, OSError) as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DataError(f"{file}: not a readable parquet file ({message})") from None
+        raise DataError(f"{file}: not a readable parquet file ({_first_line(err)})") from None
+
+
+def _check_column_types(metadata, file: Path) -> None:
+    """Each column chunk's type is the schema's (``pq.read_table`` checks it, streaming does not)."""
+    for group in range(metadata.num_row_groups):
+        for column in range(metadata.num_columns):
+            chunk, declared = metadata.row_group(group).column(column), metadata.schema.column(column)
+            if chunk.physical_type != declared.physical_type:
+                raise DataError(
+                    f"{file}: not a readable parquet file (row group {group} stores column "
+                    f"{declared.name!r} as {chunk.physical_type}, its schema says {declared.physical_type})"
+                )
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def _skip_rows(batches, skip: int):
@@ -153,10 +171,21 @@ def _skip_rows(batches, skip: int):
         skip = 0
 
 
+def _records_of(batch, file: Path, row: int) -> list[dict]:
+    import pyarrow as pa
+
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError as err:  # a string column's bytes are checked only here
+        raise DataError(f"{file}:row {row}+: not UTF-8 text ({err.reason})") from None
+    except (pa.ArrowException, ValueError) as err:
+        raise DataError(f"{file}:row {row}+: not a readable parquet file ({_first_line(err)})") from None
+
+
 def _read_parquet(file: Path, start: dict, _per_line: bool) -> Iterator[tuple[dict, str, dict]]:
     row = start.get("row", 0)
     for batch in _parquet_batches(file, row):
-        for record in batch.to_pylist():
+        for record in _records_of(batch, file, row):
             where = f"{file}:row {row}"
             row += 1
             yield record, where, {"row": row}

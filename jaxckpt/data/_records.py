@@ -109,3 +109,7 @@ def encode_record(record: dict, tokenizer, *, where: str) -> Example:
         return RECORD_SHAPES[shape][1](record, tokenizer)
     except DataError as e:
         raise DataError(f"{where}: {e}") from None
+    except UnicodeEncodeError as e:  # a lone surrogate ("\\ud800" in the JSON) has no UTF-8 bytes
+        raise DataError(
+            f"{where}: the text is not valid Unicode ({e.reason} at character {e.start})"
+        ) from None

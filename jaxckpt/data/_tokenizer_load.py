@@ -157,10 +157,17 @@ def _locate(path: Path, name: str) -> Path:
 
 def _backend(file: Path) -> tokenizers.Tokenizer:
     try:
-        return tokenizers.Tokenizer.from_file(str(file))
+        backend = tokenizers.Tokenizer.from_file(str(file))
     except Exception as e:  # the Rust library raises a bare Exception
         reason = " ".join(str(e).split())
         raise DataError(f"{file}: not a tokenizer.json the tokenizers library can read ({reason})") from None
+    unk = getattr(backend.model, "unk_token", None)  # BPE, WordLevel and WordPiece name one
+    if unk is not None and backend.token_to_id(unk) is None:
+        raise DataError(
+            f"{file}: model.unk_token={unk!r} is not in the vocabulary, so any unknown text would fail "
+            "to encode; is the file damaged?"
+        )
+    return backend
 
 
 def _ensure_special(backend: tokenizers.Tokenizer, tokens: list[str]) -> None:
