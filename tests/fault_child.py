@@ -1,23 +1,29 @@
 """One ``jaxckpt train`` process of the fault-injection harness (``tests/fault_harness.py``).
 
-Usage: ``python fault_child.py PROGRESS KILL_AT SIGNAL -- <jaxckpt train arguments>``
+Usage: ``python fault_child.py PROGRESS KILL_AT ACTION -- <jaxckpt train arguments>``
 
 - After each step it appends ``step <n> <loss as float.hex()>`` to the file PROGRESS
   (flushed and fsynced, so that a SIGKILL loses nothing already written there).
 - ``KILL_AT`` = k > 0: just before the k-th file-system call made while a checkpoint is
   being written (counted over all of this process's saves: ``os`` renames, replaces,
   makedirs, mkdirs, removes, unlinks, rmdirs and every ``open``), it appends
-  ``kill <call>`` to PROGRESS and sends itself ``SIGNAL`` (``KILL`` or ``TERM``). With
-  ``TERM`` the call then goes ahead: the run finishes its step and checkpoints. 0: no
-  self-kill (the harness may kill the process from outside at any moment).
+  ``kill <ACTION> <call>`` to PROGRESS and does ACTION: ``KILL`` or ``TERM`` send
+  itself that signal (after ``TERM`` the call goes ahead: the run finishes its step and
+  checkpoints); ``FULL`` fills the disk: from then on no file of the process may grow
+  past ``FULL_BYTES`` (``RLIMIT_FSIZE``; the writes fail with EFBIG, in orbax's C++
+  writer too). 0: nothing (the harness may kill the process from outside at any moment).
 
 Nothing here changes what ``jaxckpt train`` computes: it only watches and kills.
 """
 
 import builtins
 import os
+import resource
 import signal
 import sys
+
+FULL_BYTES = 4096
+"""``FULL``: the largest file the process may write from then on."""
 
 WATCHED_OS_CALLS = ("rename", "replace", "makedirs", "mkdir", "remove", "unlink", "rmdir", "open")
 
@@ -25,8 +31,8 @@ WATCHED_OS_CALLS = ("rename", "replace", "makedirs", "mkdir", "remove", "unlink"
 class Watch:
     """Counts the file-system calls made while a checkpoint is written, and kills at one."""
 
-    def __init__(self, progress: str, kill_at: int, sig: signal.Signals):
-        self.progress, self.kill_at, self.sig = progress, kill_at, sig
+    def __init__(self, progress: str, kill_at: int, action: str):
+        self.progress, self.kill_at, self.action = progress, kill_at, action
         self.saving, self.calls = False, 0
 
     def log(self, line: str) -> None:
@@ -39,9 +45,14 @@ class Watch:
         if not self.saving or self.kill_at <= 0:
             return
         self.calls += 1
-        if self.calls == self.kill_at:
-            self.log(f"kill {self.sig.name} {name}")
-            os.kill(os.getpid(), self.sig)
+        if self.calls != self.kill_at:
+            return
+        self.log(f"kill {self.action} {name}")
+        if self.action == "FULL":
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+            resource.setrlimit(resource.RLIMIT_FSIZE, (FULL_BYTES, resource.RLIM_INFINITY))
+        else:
+            os.kill(os.getpid(), signal.Signals[f"SIG{self.action}"])
 
     def wrap(self, owner, name: str, label: str):
         original = getattr(owner, name)
@@ -78,11 +89,11 @@ def install(watch: Watch) -> None:
 
 
 def main(argv: list[str]) -> int:
-    progress, kill_at, sig, sep, *train_args = argv
-    assert sep == "--", "usage: fault_child.py PROGRESS KILL_AT SIGNAL -- <train arguments>"
+    progress, kill_at, action, sep, *train_args = argv
+    assert sep == "--", "usage: fault_child.py PROGRESS KILL_AT ACTION -- <train arguments>"
     from jaxckpt.cli import main as cli
 
-    install(Watch(progress, int(kill_at), signal.Signals[f"SIG{sig}"]))
+    install(Watch(progress, int(kill_at), action))
     return cli(["train", *train_args])
 
 

@@ -65,19 +65,19 @@ def run_process(
     checkpoint_dir: Path,
     *,
     kill_at: int = 0,
-    sig: str = "KILL",
+    action: str = "KILL",
     kill_after: float | None = None,
     after_first_step: bool = False,
     timeout: float = 300,
 ) -> Process:
-    """Runs one ``jaxckpt train --resume`` process (see ``fault_child.py``): killed by
-    itself at its ``kill_at``-th checkpoint file-system call, or by the harness
-    ``kill_after`` seconds after it started (``after_first_step``: after its first step),
-    or neither."""
+    """Runs one ``jaxckpt train --resume`` process (see ``fault_child.py``): ``action``
+    (``KILL``, ``TERM``, or ``FULL``: the disk fills) at its ``kill_at``-th checkpoint
+    file-system call, or the signal ``action`` from the harness ``kill_after`` seconds
+    after it started (``after_first_step``: after its first step), or neither."""
     n = len(list(workdir.glob("progress-*.txt")))
     progress, stderr = workdir / f"progress-{n}.txt", workdir / f"stderr-{n}.txt"
     progress.touch()
-    command = [sys.executable, str(CHILD), str(progress), str(kill_at), sig, "--", *train_args]
+    command = [sys.executable, str(CHILD), str(progress), str(kill_at), action, "--", *train_args]
     command += ["--checkpoint-dir", str(checkpoint_dir), "--resume"]
     t0 = time.perf_counter()
     with open(stderr, "w") as err:
@@ -88,16 +88,16 @@ def run_process(
             try:
                 proc.wait(timeout=kill_after)
             except subprocess.TimeoutExpired:
-                proc.send_signal(getattr(signal, f"SIG{sig}"))
+                proc.send_signal(signal.Signals[f"SIG{action}"])
         proc.wait(timeout=timeout)
     seconds = time.perf_counter() - t0
     lines = progress.read_text().splitlines()
     losses = {int(s): loss for _, s, loss in (line.split() for line in lines if line.startswith("step "))}
-    kills = [line.split(maxsplit=2)[2] for line in lines if line.startswith("kill ")]
+    kills = [line.split()[1:] for line in lines if line.startswith("kill ")]  # [[action, call]]
     if kills:
-        how = f"{sig} at {kills[0]} in a checkpoint write"
+        how = f"{kills[0][0]} at {kills[0][1]} in a checkpoint write"
     elif kill_after is not None and proc.returncode != 0:
-        how = f"{sig} after {kill_after:.2f} s"
+        how = f"{action} after {kill_after:.2f} s"
     else:
         how = "finished"
     return Process(how, proc.returncode, losses, stderr.read_text(), seconds)

@@ -8,9 +8,9 @@ step under way finishes, a checkpoint is written and the process exits 0.
 
 import json
 
+import fault_harness as harness
 import pytest
 
-import fault_harness as harness
 from jaxckpt.train import latest_step, read_meta
 
 STEPS, EVERY = 8, 2
@@ -22,7 +22,9 @@ def packed(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("faults")
     data = workdir / "records.jsonl"
     text = "the quick brown fox jumps over the lazy dog "
-    data.write_text("".join(json.dumps({"text": f"record {i}: " + text * (i % 5 + 1)}) + "\n" for i in range(97)))
+    data.write_text(
+        "".join(json.dumps({"text": f"record {i}: " + text * (i % 5 + 1)}) + "\n" for i in range(97))
+    )
     args = (*harness.TRAIN_ARGS, "--data", str(data))
     return workdir, harness.reference_run(workdir, args, STEPS, EVERY)
 
@@ -41,10 +43,10 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(packed, moment, tmp_p
     workdir, reference = packed
     directory = tmp_path / "run"
     if moment == "inside a checkpoint write":  # the 5th file-system call of the first save
-        proc = harness.run_process(workdir, reference.args, directory, kill_at=5, sig="TERM")
+        proc = harness.run_process(workdir, reference.args, directory, kill_at=5, action="TERM")
     else:
         proc = harness.run_process(
-            workdir, reference.args, directory, sig="TERM", kill_after=0.0, after_first_step=True
+            workdir, reference.args, directory, action="TERM", kill_after=0.0, after_first_step=True
         )
     assert proc.returncode == 0, proc.stderr
     done = max(proc.losses) + 1

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from jaxckpt._checks import require_finite
 from jaxckpt.data import copy_tokenizer_files, tokenizer_files
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpoint, save_checkpoint
@@ -27,10 +28,10 @@ from torch_bridge._merge import lora_paths, merge_lora
 from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of
 from torch_bridge._peft import adapter_tensors, write_peft_adapter
 from torch_bridge._peft_load import peft_lora_config, read_peft_adapter
-from torch_bridge._save import write_hf
+from torch_bridge._save import tokenizer_step, write_hf
 from torch_bridge._sources import find_config, open_tensors
 from torch_bridge._verify import verify
-from torch_bridge._writers import atomic_output, write_torch_file
+from torch_bridge._writers import atomic_output, write_torch_file, writing
 
 SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
 REPORTED = ("ignored", "dtype_changes", "notes", "missing", "unknown_fields", "verified_max_abs_diff")
@@ -169,8 +170,10 @@ def to_jax(args: argparse.Namespace) -> dict:
             "param_dtypes": {path: str(a.dtype) for path, a in flatten(converted.params).items()},
             "hf_fields": converted.hf_fields,
         }
-        save_checkpoint(tmp, 0, converted.params, meta)
-        copied = copy_tokenizer_files(src, tmp) if src.is_dir() else []  # in tmp: all or nothing
+        with writing("the orbax checkpoint (step 0) and jaxckpt.json"):
+            save_checkpoint(tmp, 0, converted.params, meta)
+        with writing(tokenizer_step(src) if src.is_dir() else "nothing"):
+            copied = copy_tokenizer_files(src, tmp) if src.is_dir() else []  # in tmp: all or nothing
         seconds = time.perf_counter() - start
     nbytes = sum(a.nbytes for a in jax.tree.leaves(converted.params))
     tensors = converted.report.converted
@@ -184,6 +187,7 @@ def _add_adapter(converted, adapter: Path) -> None:
         raise ValueError("--lora-from puts a PEFT adapter on a Hugging Face base; the seed block has none")
     converted.config = converted.config.replace(lora=peft_lora_config(adapter, converted.config))
     adapters = flatten(read_peft_adapter(adapter, converted.config))
+    require_finite(adapters, str(adapter))
     converted.params = unflatten(flatten(converted.params) | adapters)
     converted.report.notes.append(f"LoRA adapter from {adapter}: {converted.config.lora}")
 
@@ -195,20 +199,28 @@ def _restore(src: Path) -> tuple[str, TransformerConfig, dict, dict]:
     meta = read_meta(src)
     if "config" not in meta:
         raise ValueError(f"{src}: not a jaxckpt checkpoint directory (no jaxckpt.json with a config)")
-    config = TransformerConfig.from_dict(meta["config"])
-    arch = architecture(meta.get("arch", config.family))
+    try:
+        config = TransformerConfig.from_dict(meta["config"])
+        arch = architecture(meta.get("arch", config.family))
+    except (TypeError, ValueError) as err:  # a damaged jaxckpt.json (quoted: no name= rewritten as a flag)
+        raise ValueError(f"{src / 'jaxckpt.json'}: its config or arch does not load: {str(err)!r}") from err
     if not arch.block and meta.get("kind") != PARAMS_KIND:  # a trained checkpoint: model + optimizer
         model = initial_model(config, 0, src)
         return arch.name, config, nnx.to_pure_dict(nnx.state(model, nnx.Param)), meta
     cls = model_class(arch)
     abstract = nnx.state(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))), nnx.Param)
     stored = meta.get("param_dtypes", {})
-    shapes = {
-        path: jax.ShapeDtypeStruct(a.shape, stored.get(path, a.dtype))
-        for path, a in flatten(nnx.to_pure_dict(abstract)).items()
-    }
+    try:
+        shapes = {
+            path: jax.ShapeDtypeStruct(a.shape, stored.get(path, a.dtype))
+            for path, a in flatten(nnx.to_pure_dict(abstract)).items()
+        }
+    except (TypeError, ValueError) as err:  # a dtype name that is none
+        raise ValueError(f"{src / 'jaxckpt.json'}: its param_dtypes do not load: {str(err)!r}") from err
     nnx.replace_by_pure_dict(abstract, unflatten(shapes))
-    return arch.name, config, nnx.to_pure_dict(restore_checkpoint(src, abstract)[1]), meta
+    params = nnx.to_pure_dict(restore_checkpoint(src, abstract)[1])
+    require_finite(params, str(src))  # (initial_model checks a trained one's)
+    return arch.name, config, params, meta
 
 
 def to_torch(args: argparse.Namespace) -> dict:

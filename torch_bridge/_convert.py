@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from jaxckpt._checks import require_finite
 from jaxckpt.nn import Block, Transformer, TransformerConfig
 from torch_bridge._archs import Architecture, architecture
 from torch_bridge._dlpack import numpy_dtype, tensor_to_numpy
@@ -238,7 +239,9 @@ def convert_state_dict(
     Raises:
         ValueError: naming the checkpoint (its file, or the directory of its shards), and
             the unexpected, missing (unless allowed) and mismatched tensors (with both
-            shapes, and the shard file of each in a sharded checkpoint).
+            shapes, and the shard file of each in a sharded checkpoint); or naming the file
+            and the first tensor that holds a NaN or an Inf (``require_finite``, checked as
+            each tensor is read: a corrupt checkpoint is refused, never converted).
 
     Example:
         >>> import numpy as np
@@ -280,6 +283,7 @@ def convert_state_dict(
         if key not in wanted:
             continue
         array = as_numpy(value)
+        require_finite({key: array}, str(file_of(key)) if file_of is not None else _source_name(state_dict))
         rule, layer = plan[wanted[key]]
         target = params[rule.jax[0]].dtype
         if array.dtype != target:

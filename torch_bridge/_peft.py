@@ -29,7 +29,7 @@ from torch_bridge._archs import Architecture, architecture
 from torch_bridge._convert import flatten, target_shapes
 from torch_bridge._merge import LORA
 from torch_bridge._table import LAYER
-from torch_bridge._writers import _write_shard, atomic_output
+from torch_bridge._writers import _write_shard, atomic_output, writing
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -259,6 +259,8 @@ def write_peft_adapter(
 
     Raises:
         FileExistsError: when ``path`` exists and ``force`` is False.
+        OutputWriteError: a write failed (a full disk, say): one line naming ``path`` and the
+            file; nothing partial is left (with ``force``, the old ``path`` is unchanged).
         ValueError: for a config without adapters (``config.lora`` None), a family with no
             Hugging Face model (the seed block), a target Hugging Face stores fused (GPT-2's
             ``c_attn``, Phi-3's ``qkv_proj``: named), or params lacking an adapter.
@@ -277,7 +279,8 @@ def write_peft_adapter(
     entries = [(key, array.shape, array.dtype) for key, array in tensors.items()]
     with atomic_output(path, force=force) as tmp:
         _write_shard(tmp / ADAPTER_WEIGHTS, entries, tensors.__getitem__, {"format": "pt"})
-        (tmp / ADAPTER_CONFIG).write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
+        with writing(ADAPTER_CONFIG):
+            (tmp / ADAPTER_CONFIG).write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
     return Path(path)
 
 

@@ -24,7 +24,7 @@ from torch_bridge._convert import common_dtype, export_order, flatten, listing, 
 from torch_bridge._hf_kept import check_kept
 from torch_bridge._merge import merge_lora
 from torch_bridge._table import Rule
-from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors
+from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors, writing
 
 
 def write_hf(
@@ -71,6 +71,9 @@ def write_hf(
 
     Raises:
         FileExistsError: when ``path`` exists and ``force`` is False.
+        OutputWriteError: a write failed (a full disk, say): one line naming ``path`` and the
+            file being written; nothing partial is left (with ``force``, the old ``path`` is
+            unchanged).
         ValueError: for a key of ``hf_fields`` that is not a name, id or generation field
             (named; checked before anything is written), a config the family's
             ``config.json`` cannot express, a ``tokenizer_from`` that is not a directory
@@ -112,10 +115,25 @@ def write_hf(
 
     with atomic_output(path, force=force) as tmp:
         write_safetensors(tmp, specs, get, max_shard_size=limit, metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        with writing("config.json"):
+            (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         if tokenizer_from is not None:
-            copy_tokenizer_files(tokenizer_from, tmp)
+            with writing(tokenizer_step(tokenizer_from)):
+                copy_tokenizer_files(tokenizer_from, tmp)
     return Path(path)
+
+
+def tokenizer_step(src: "str | os.PathLike") -> str:
+    """What ``writing`` calls the copy of ``src``'s tokenizer files (an error names them).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "tokenizer.json").write_text("{}")
+        >>> tokenizer_step(d)
+        'the tokenizer files (tokenizer.json)'
+    """
+    return f"the tokenizer files ({', '.join(p.name for p in tokenizer_files(src))})"
 
 
 def _check_paths(flat: dict, shapes: dict) -> None:
@@ -191,6 +209,7 @@ def save_hf(
 
     Raises:
         FileExistsError: when ``path`` exists and ``force`` is False.
+        OutputWriteError: a write failed (a full disk, say; see ``write_hf``).
         ValueError: when the model is not expressible in its family's ``config.json``
             (names the field), ``hf_fields`` holds a field that is not a name, id or
             generation field (named), or ``tokenizer_from`` holds no tokenizer files.

@@ -3,10 +3,13 @@
 ``write_safetensors`` writes the layout ``transformers`` writes (``model.safetensors``,
 or numbered shards plus ``model.safetensors.index.json``), one shard in memory at a time.
 ``atomic_output`` gives a temporary path next to the destination and renames it into
-place only when the whole output is written.
+place only when the whole output is written; a write that fails there (a full disk, a
+quota, a file size limit) becomes one ``OutputWriteError`` naming the destination and the
+file (``writing``) it was writing, with nothing partial left behind.
 """
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -25,6 +28,48 @@ from torch_bridge._torch import torch
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+"""The ``errno`` values that say the destination's file system refused the output (a full
+disk, a quota, ``RLIMIT_FSIZE``, a read-only mount), whatever file the error names."""
+
+
+class OutputWriteError(OSError):
+    """An output could not be written; the destination holds nothing partial.
+
+    ``errno`` is the cause's (``errno.ENOSPC`` for a full disk); the message names the
+    destination, the file or step being written and what is left there.
+
+    Example:
+        >>> err = OutputWriteError(errno.ENOSPC, "could not write 'out': No space left on device")
+        >>> err.errno == errno.ENOSPC, str(err)
+        (True, "could not write 'out': No space left on device")
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror) if len(self.args) == 2 else super().__str__()
+
+
+@contextlib.contextmanager
+def writing(what: str) -> Iterator[None]:
+    """Names ``what`` (a file, or a step such as ``"the orbax checkpoint"``) in the
+    ``OutputWriteError`` that ``atomic_output`` makes of an ``OSError`` raised inside. The
+    innermost ``writing`` wins; an error that names a file of the output needs none.
+
+    Example:
+        >>> try:
+        ...     with writing("config.json"):
+        ...         raise OSError(errno.ENOSPC, "No space left on device")
+        ... except OSError as err:
+        ...     err.writing
+        'config.json'
+    """
+    try:
+        yield
+    except OSError as err:
+        if getattr(err, "writing", None) is None:
+            err.writing = what
+        raise
 
 
 def parse_shard_size(text_or_int: str | int) -> int:
@@ -111,7 +156,7 @@ def _write_shard(path: Path, entries, get: Callable[[str], np.ndarray], metadata
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     try:
-        with open(path, "wb") as f:
+        with writing(path.name), open(path, "wb") as f:
             f.write(struct.pack("<Q", len(text)) + text)
             for key, shape, dtype in entries:
                 f.write(_fetch(get, key, shape, dtype).reshape(-1).view(np.uint8).data)
@@ -171,7 +216,8 @@ def write_safetensors(
     if len(names) > 1:
         index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"  # as transformers writes it
-        (directory / INDEX_FILE).write_text(text, encoding="utf-8")
+        with writing(INDEX_FILE):
+            (directory / INDEX_FILE).write_text(text, encoding="utf-8")
     return [directory / name for name in names]
 
 
@@ -189,9 +235,12 @@ def write_torch_file(path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> P
 
     The data goes to a hidden temporary file beside ``path``, renamed over it at the end:
     a failure leaves any old file intact. ``torch.save`` needs the whole dict, so every
-    tensor is in memory at once (shared with the given arrays where possible).
+    tensor is in memory at once (shared with the given arrays where possible). It writes
+    through a Python file, so that a full disk is an ``OutputWriteError`` with its ``errno``
+    (``torch.save`` given a path reports one as a ``RuntimeError`` that names no cause).
 
     Raises:
+        OutputWriteError: the disk filled (or another write failure, see ``atomic_output``).
         FileNotFoundError: the parent directory of ``path`` does not exist.
         IsADirectoryError: ``path`` is a directory.
         ValueError: a name given twice, or a dtype torch cannot hold.
@@ -210,9 +259,33 @@ def write_torch_file(path: Path, tensors: Iterable[tuple[str, np.ndarray]]) -> P
         if key in state:
             raise ValueError(f"write_torch_file({path}): tensor {key!r} given twice")
         state[key] = _to_torch(key, array)
-    with atomic_output(path, force=True, is_dir=False) as tmp:
-        torch().save(state, tmp)
+    with atomic_output(path, force=True, is_dir=False) as tmp, writing(Path(path).name), open(tmp, "wb") as f:
+        recorded = _Recorded(f)
+        try:
+            torch().save(state, recorded)
+        except RuntimeError:
+            if recorded.error is not None:
+                raise recorded.error from None  # the OSError torch.save turned into a RuntimeError
+            raise
     return Path(path)
+
+
+class _Recorded:
+    """A file that keeps the first ``OSError`` of its ``write`` (``torch.save`` raises a
+    ``RuntimeError`` in its place, without the ``errno``)."""
+
+    def __init__(self, file):
+        self._file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)
 
 
 def _sibling(destination: Path, kind: str) -> Path:
@@ -249,8 +322,12 @@ def _swap_in(new: Path, destination: Path) -> None:
         os.rename(destination, old)
         try:
             os.rename(new, destination)
-        except BaseException:
-            os.rename(old, destination)
+        except BaseException as err:
+            try:
+                os.rename(old, destination)
+            except OSError as again:
+                again.left = f"the existing {destination.name} is at {old}: it could not be moved back"
+                raise again from err
             raise
         _remove(old)
 
@@ -268,11 +345,17 @@ def atomic_output(
     With ``force`` an existing destination is replaced (a directory is renamed away, the
     new one renamed in, then the old one deleted, so one of them is always there).
 
+    A write the file system refuses (an ``OSError`` whose ``errno`` is in ``WRITE_ERRNOS``:
+    a full disk, say; or any ``OSError`` naming a file of the output) becomes one
+    ``OutputWriteError``: it names the destination, the file or step (``writing``) being
+    written, and what is left there (nothing, or the old destination, unchanged).
+
     Raises:
         FileNotFoundError: the parent directory of ``destination`` does not exist, or a
             block with ``is_dir=False`` wrote nothing.
         FileExistsError: ``destination`` exists and ``force`` is False (checked on entry,
             before anything is written, and again before the rename).
+        OutputWriteError: the output could not be written (see above).
 
     Example:
         >>> import tempfile
@@ -281,6 +364,14 @@ def atomic_output(
         ...     _ = (tmp / "config.json").write_text("{}")
         >>> sorted(p.name for p in out.iterdir())
         ['config.json']
+        >>> try:
+        ...     with atomic_output(out.with_name("full")) as tmp, writing("config.json"):
+        ...         raise OSError(errno.ENOSPC, "No space left on device")  # the disk filled
+        ... except OutputWriteError as err:
+        ...     print(str(err).split(": ", 1)[1])
+        No space left on device (ENOSPC) while writing config.json; nothing is left there
+        >>> sorted(p.name for p in out.parent.iterdir())
+        ['converted']
     """
     target = Path(os.path.abspath(destination))
     if not target.parent.is_dir():
@@ -288,15 +379,52 @@ def atomic_output(
             f"cannot write {target}: its parent directory {target.parent} does not exist; create it first"
         )
     _refuse_existing(target, force)
+    existed = os.path.lexists(target)
     tmp = _sibling(target, "tmp")
-    if is_dir:
-        tmp.mkdir()
     try:
+        if is_dir:
+            with writing(f"its temporary directory {tmp.name}"):
+                tmp.mkdir()
         yield tmp
         if not os.path.lexists(tmp):
             raise FileNotFoundError(f"nothing was written to {tmp}, so {target} was not created")
         _refuse_existing(target, force)
-        _swap_in(tmp, target)
+        with writing(f"the rename of {tmp.name} onto it"):
+            _swap_in(tmp, target)
+    except OSError as err:
+        _remove(tmp)
+        if not _is_write_failure(err, tmp, target):
+            raise
+        raise _write_failure(err, tmp, target, existed) from err
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _is_write_failure(err: OSError, tmp: Path, target: Path) -> bool:
+    """Whether ``err`` is the output's file system refusing a write (not, say, a missing source)."""
+    if isinstance(err, OutputWriteError | FileExistsError) or err.errno is None:
+        return False
+    return err.errno in WRITE_ERRNOS or _inside(err.filename, tmp, target) is not None
+
+
+def _inside(filename, tmp: Path, target: Path) -> str | None:
+    """``filename`` relative to the output (``tmp`` stands for ``target``), or None outside it."""
+    if not isinstance(filename, str | os.PathLike):
+        return None
+    path = Path(os.path.abspath(filename))
+    for root in (tmp, target):
+        if path == root or root in path.parents:
+            return str(path.relative_to(root)) if path != root else target.name
+    return None
+
+
+def _write_failure(err: OSError, tmp: Path, target: Path, existed: bool) -> OutputWriteError:
+    """One line: the destination, the reason, the file or step being written, what is left."""
+    what = getattr(err, "writing", None) or _inside(err.filename, tmp, target) or "it"
+    reason = os.strerror(err.errno)
+    name = errno.errorcode.get(err.errno, str(err.errno))
+    left = f"the existing {target.name} is unchanged" if existed else "nothing is left there"
+    left = getattr(err, "left", left)
+    message = f"could not write {str(target)!r}: {reason} ({name}) while writing {what}; {left}"
+    return OutputWriteError(err.errno, message)

@@ -142,7 +142,9 @@ def _parquet_batches(file: Path, row: int):
         if groups:
             batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=groups)
             yield from _skip_rows(batches, row - first)
-    except (pa.ArrowException, OSError) as err:
+    except DataError:
+        raise
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:  # (bad UTF-8 in its metadata)
         raise DataError(f"{file}: not a readable parquet file ({_first_line(err)})") from None
 
 

@@ -11,11 +11,15 @@ import errno
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
+
+from jaxckpt.train._orbax_quiet import quiet_orbax_failures
 
 META = "jaxckpt.json"
 
@@ -25,6 +29,9 @@ scaler): restoring such a checkpoint keeps the target's initial values for it.""
 
 MAX_TO_KEEP = 3
 """How many of a directory's newest checkpoints are kept (older ones are deleted)."""
+
+TMP_DIR_SUFFIX = ".orbax-checkpoint-tmp"
+"""What orbax appends to the name of a step's directory while it writes it."""
 
 RECORDED = "checkpoints"
 """``jaxckpt.json``'s list of the complete steps (absent in checkpoints before it)."""
@@ -41,6 +48,7 @@ class CheckpointWriteError(OSError):
 
 
 def _manager(directory: Path, max_to_keep: int | None = MAX_TO_KEEP, cleanup: bool = False):
+    quiet_orbax_failures()  # a failure is raised as one line: no orbax thread tracebacks
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=cleanup
     )
@@ -100,6 +108,7 @@ def save_checkpoint(
     directory = Path(directory)
     previous = latest_step(directory)
     tree = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
+    failure = None
     with _manager(directory, cleanup=True) as manager:  # removes a killed save's temp dirs
         if step in manager.all_steps():
             if step in read_meta(directory).get(RECORDED, ()):
@@ -111,15 +120,29 @@ def save_checkpoint(
         except (OSError, ValueError) as err:
             if not _is_write_error(err):
                 raise
-            raise _write_error(directory, step, previous, err) from err
-        steps = sorted(manager.all_steps())
-        if meta is not None:
-            try:
-                _write_json(directory / META, {**meta, RECORDED: steps})
-            except OSError as err:
-                manager.delete(step)  # orbax finished it, but it is not recorded: not a checkpoint
-                raise _write_error(directory, step, previous, err) from err
+            failure = err
+        else:
+            if meta is not None:
+                _record(manager, directory, step, meta, previous)
+    if failure is not None:  # the manager is closed: none of its threads writes any more
+        _remove_temporaries(directory, step)  # give the space back now, not at the next save
+        raise _write_error(directory, step, previous, failure) from failure
     return directory
+
+
+def _record(manager, directory: Path, step: int, meta: dict, previous: int | None) -> None:
+    """Writes ``jaxckpt.json`` with the complete steps: ``step`` becomes the latest."""
+    try:
+        _write_json(directory / META, {**meta, RECORDED: sorted(manager.all_steps())})
+    except OSError as err:
+        manager.delete(step)  # orbax finished it, but it is not recorded: not a checkpoint
+        raise _write_error(directory, step, previous, err) from err
+
+
+def _remove_temporaries(directory: Path, step: int) -> None:
+    """The temporary directories of a failed save of ``step`` (best effort: the disk may be full)."""
+    for tmp in directory.glob(f"{step}{TMP_DIR_SUFFIX}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
@@ -179,12 +202,18 @@ def restore_checkpoint(
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(like))
     with _manager(directory) as manager:
         try:
-            restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        except ValueError:
-            older = _without(abstract, ADDED_STATE)
-            if older == abstract:
-                raise
-            restored = manager.restore(step, args=ocp.args.StandardRestore(older))
+            try:
+                restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+            except ValueError:
+                older = _without(abstract, ADDED_STATE)
+                if older == abstract:
+                    raise
+                restored = manager.restore(step, args=ocp.args.StandardRestore(older))
+        except Exception as err:  # orbax and tensorstore raise many types on a damaged checkpoint
+            raise ValueError(
+                f"could not restore checkpoint step {step} from {str(directory)!r}: {_one_line(err)}"
+            ) from err
+    _check_shapes(abstract, restored, f"checkpoint step {step} in {str(directory)!r}")
     state = jax.tree.map(lambda x: x, like)
     nnx.replace_by_pure_dict(state, restored)
     return step, state
@@ -197,8 +226,35 @@ def _without(tree: dict, names: tuple[str, ...]) -> dict:
     return {k: _without(v, names) for k, v in tree.items() if k not in names}
 
 
+def _check_shapes(abstract: dict, restored: dict, where: str) -> None:
+    """orbax checks the stored shape of a jax array against the target's, not of an array saved
+    from numpy (``jaxckpt convert``'s): it comes back in its stored shape. Refuse that here."""
+    want = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(abstract)}
+    found = {jax.tree_util.keystr(p): np.shape(a) for p, a in jax.tree_util.tree_leaves_with_path(restored)}
+    bad = [f"{k} is {found[k]}, not {shape}" for k, shape in want.items() if found.get(k, shape) != shape]
+    if bad:
+        raise ValueError(
+            f"{where} does not fit the model: {len(bad)} array(s) of another shape: {', '.join(bad[:3])}"
+        )
+
+
+def _one_line(err: Exception) -> str:
+    """``Type: first line`` of ``err``, without tensorstore's spec dump."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0].split(' [tensorstore_spec')[0] if lines else ''}"
+
+
+META_FIELDS = {"config": dict, "param_dtypes": dict, "arch": str, "kind": str, RECORDED: list}
+META_FIELDS |= {"hf_fields": (dict, type(None)), "optimizer": (dict, type(None))}
+"""The ``jaxckpt.json`` fields jaxckpt reads, and their JSON types."""
+
+
 def read_meta(directory: str | os.PathLike) -> dict:
     """The JSON written next to the checkpoints (empty when absent).
+
+    Raises:
+        ValueError: one line naming the file, when it is not a JSON object or a field of
+            ``META_FIELDS`` has another type.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -207,4 +263,17 @@ def read_meta(directory: str | os.PathLike) -> dict:
         {'seed': 3, 'checkpoints': [0]}
     """
     path = Path(directory) / META
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deep
+        raise ValueError(f"{path}: not readable JSON ({_one_line(err)})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object, got a JSON {type(meta).__name__}")
+    for field, kind in META_FIELDS.items():  # (quoted: the CLI rewrites a bare name= as a flag)
+        if field in meta and not isinstance(meta[field], kind):
+            raise ValueError(f"{path}: field {field!r} holds {meta[field]!r:.60}, of the wrong type")
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in meta.get(RECORDED, ())):
+        raise ValueError(f"{path}: field {RECORDED!r} holds {meta[RECORDED]!r:.60}, not step numbers")
+    return meta

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxckpt._checks import require_finite
 from jaxckpt._plugins import MODEL_SOURCES, plugin
 from jaxckpt.nn import Transformer, TransformerConfig, from_params
 from jaxckpt.train._checkpoint import META, read_meta, restore_checkpoint
@@ -143,7 +144,9 @@ def initial_model(
 
     Raises:
         ValueError: when the stored model differs from ``config`` in anything but remat,
-            attention, budget and dtypes (each difference is named).
+            attention, budget and dtypes (each difference is named), or a parameter it holds
+            has a NaN or an Inf (``require_finite``: the directory and the tensor are named;
+            a Hugging Face directory's tensors are checked as torch_bridge reads them).
 
     Example:
         >>> from jaxckpt import nn, train
@@ -166,11 +169,14 @@ def initial_model(
     elif read_meta(path).get("kind") == PARAMS_KIND:
         abstract = nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
         params = nnx.to_pure_dict(restore_checkpoint(path, abstract)[1])
+        require_finite(params, str(path))
     else:
         # The checkpoint's own optimizer shapes its state (older ones saved none: the run's).
         saved = read_meta(path).get("optimizer")
         optimizer = optimizer if saved is None else OptimizerConfig.from_dict({**saved, "offload": False})
         trainer = Trainer(Transformer(config, rngs=nnx.Rngs(seed)), optimizer=optimizer)
         _, state = restore_checkpoint(path, trainer.state)
-        return nnx.merge(trainer.graphdef, state)[0]
+        model = nnx.merge(trainer.graphdef, state)[0]
+        require_finite(nnx.to_pure_dict(nnx.state(model, nnx.Param)), str(path))  # not the optimizer's
+        return model
     return from_params(Transformer, config, params)
