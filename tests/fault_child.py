@@ -49,7 +49,7 @@ class Watch:
             return
         self.log(f"kill {self.action} {name}")
         if self.action == "FULL":
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+            # Python ignores SIGXFSZ from its start: a write past the limit fails with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (FULL_BYTES, resource.RLIM_INFINITY))
         else:
             os.kill(os.getpid(), signal.Signals[f"SIG{self.action}"])

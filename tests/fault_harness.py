@@ -108,6 +108,8 @@ def checkpoint_arrays(directory: Path, step: int) -> dict:
     import jax
     import orbax.checkpoint as ocp
 
+    import jaxckpt  # noqa: F401  (chooses the CPU platform where no GPU driver is)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # orbax: "Sharding info not provided when restoring"
         tree = ocp.PyTreeCheckpointer().restore((directory / str(step) / "default").absolute())
@@ -268,3 +270,51 @@ def summary_rows(report: Report) -> list[tuple[str, str]]:
 def child_env() -> dict:
     """The children's environment: this one's, without torch's device autoload."""
     return {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+
+
+@dataclasses.dataclass
+class DiskFull:
+    """What the disk-full processes did: each fills the disk at a random file-system call of
+    a checkpoint write (``FULL``: ``RLIMIT_FSIZE``, so orbax's C++ writer fails too)."""
+
+    tries: int = 0
+    survived: int = 0  # every file written after the fill was smaller than the limit: finished whole
+    clean_exits: int = 0  # exit 2, one line naming the directory and the step, previous intact
+    resumed_identically: int = 0  # then resumed on a disk with room: bit-identical to the reference
+    failures: list = dataclasses.field(default_factory=list)
+
+
+def disk_full_and_resume(
+    workdir: Path, reference: Reference, tries: int, seed: int, packed: bool
+) -> DiskFull:
+    """``tries`` runs whose disk fills inside a checkpoint write, each resumed to the end."""
+    rng, report = random.Random(seed), DiskFull()
+    for n in range(tries):
+        directory = workdir / f"full-{n}"
+        proc = run_process(
+            workdir, reference.args, directory, kill_at=rng.randint(1, WRITE_KILL_CALLS), action="FULL"
+        )
+        report.tries += 1
+        error = [line for line in proc.stderr.splitlines() if line.startswith("jaxckpt train: error:")]
+        if proc.returncode == 0:  # no file written after the fill outgrew it: the run must be whole
+            report.survived += 1
+            if not check_round(Report(), directory, [proc], reference):
+                report.failures.append(f"{directory.name}: finished, but differs from the reference")
+            continue
+        ok = proc.returncode == 2 and len(error) == 1 and str(directory) in error[0] and "step " in error[0]
+        ok = (
+            ok
+            and "Traceback" not in proc.stderr
+            and latest_is_complete(directory, packed)
+            and not strays(directory)
+        )
+        if not ok:
+            report.failures.append(f"{directory.name}: exit {proc.returncode}: {proc.stderr[-1500:]}")
+            continue
+        report.clean_exits += 1
+        rest = run_process(workdir, reference.args, directory)
+        if rest.returncode == 0 and check_round(Report(), directory, [proc, rest], reference):
+            report.resumed_identically += 1
+        else:
+            report.failures.append(f"{directory.name}: the resume differed or failed: {rest.stderr[-1500:]}")
+    return report
