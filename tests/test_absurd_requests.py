@@ -155,11 +155,6 @@ def test_batch_split_over_the_mesh_is_checked_by_arithmetic():
         check_batch_split(3, mesh)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train.train builds the model before the mesh checks the batch: jaxckpt/train/_loop.py must call "
-    "check_batch_split(batch, mesh) right after resolve_mesh(mesh), before initial_model",
-)
 def test_train_batch_the_mesh_does_not_split(capsys, compile_count):
     err = _refused([*TRAIN, "--layers", "1", "--seq", "16", "--batch", "3", "--mesh", "fsdp=8"], capsys)
     assert "--batch 3 must be a multiple of the mesh's 8 devices (data 1 x fsdp 8)" in err

@@ -20,6 +20,7 @@ from jaxckpt.train._nonfinite import check_on_nonfinite, guard_step
 from jaxckpt.train._progress import SkipCounter, memory_text, train_progress
 from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_data import DataOptions, run_data
+from jaxckpt.train._sharding import check_batch_split
 from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
 from jaxckpt.train._stop import stop_requests
 
@@ -185,6 +186,8 @@ def train(
     require_positive_int("steps", steps)
     check_on_nonfinite(on_nonfinite)
     check_seq(config, seq)
+    mesh = resolve_mesh(mesh)
+    check_batch_split(batch, mesh)  # before any data is read or model built
     _check_remat(config, plan)
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir=")
@@ -199,7 +202,6 @@ def train(
     tok = tokenizer_for(init_from, tokenizer)
     _check_vocab(tok, config)
     feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
-    mesh = resolve_mesh(mesh)
     if optimizer is not None and optimizer.skip_nonfinite is not True:
         raise ValueError(
             f"train: optimizer.skip_nonfinite={optimizer.skip_nonfinite!r} would let a non-finite step "
