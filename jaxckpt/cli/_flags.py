@@ -29,6 +29,7 @@ FLAGS: dict[str, str] = {
     "eval_every": "--eval-every",
     "eval_split": "--eval-split",
     "force": "--force",
+    "heartbeat_timeout": "--heartbeat-timeout",
     "init_from": "--init-from",
     "learning_rate": "--lr",
     "mesh": "--mesh",

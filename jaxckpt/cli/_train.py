@@ -8,7 +8,6 @@ from rich.console import Console
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import implementations
-from jaxckpt.train._distributed import HEARTBEAT_TIMEOUT_S
 
 
 def add_parser(sub) -> None:
@@ -104,9 +103,8 @@ def add_parser(sub) -> None:
         type=int,
         metavar="SECONDS",
         help="a process silent this long (hung, or its host lost) is declared dead and the others "
-        f"exit (default: JAX's, {HEARTBEAT_TIMEOUT_S}); a killed process is noticed at once",
+        f"exit (default: JAX's, {train.HEARTBEAT_TIMEOUT_S}); a killed process is noticed at once",
     )
-    p.set_defaults(flags={**OPTIMIZER_FLAGS, "heartbeat_timeout": "--heartbeat-timeout"})
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
     p.set_defaults(run=run)
 

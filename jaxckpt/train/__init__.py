@@ -21,7 +21,7 @@ from jaxckpt.train._checkpoint import (
 )
 from jaxckpt.train._compare import compare, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
-from jaxckpt.train._distributed import initialize, is_primary, resolve_mesh
+from jaxckpt.train._distributed import HEARTBEAT_TIMEOUT_S, initialize, is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator, evaluate
 from jaxckpt.train._grads import loss_and_grads, next_token_loss
 from jaxckpt.train._init import PARAMS_KIND, initial_model, source_config, source_hf_fields
@@ -51,6 +51,7 @@ from jaxckpt.train._transforms import (
 )
 
 __all__ = [
+    "HEARTBEAT_TIMEOUT_S",
     "LOGICAL_AXIS_RULES",
     "MOMENTS_DTYPES",
     "ON_NONFINITE",
