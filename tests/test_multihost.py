@@ -146,6 +146,19 @@ def test_initialize_checks_its_arguments(coordinator, num_processes, process_id,
             ["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "5"],
             "--process-id 5 must be < --num-processes 2",
         ),
+        (["--heartbeat-timeout", "5"], "--heartbeat-timeout needs --coordinator"),
+        (
+            [
+                "--coordinator",
+                "127.0.0.1:1234",
+                "--num-processes",
+                "2",
+                "--process-id",
+                "0",
+                *["--heartbeat-timeout", "0"],
+            ],
+            "--heartbeat-timeout 0 must be >= 1",
+        ),
     ],
 )
 def test_cli_multi_host_flags_are_checked(flags, message, capsys):
