@@ -57,3 +57,14 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(packed, moment, tmp_p
     assert rest.returncode == 0 and min(rest.losses) == done, rest.stderr
     report = harness.Report()
     assert harness.check_round(report, directory, [proc, rest], reference), report.to_dict()
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_in_one_line_and_the_resume_is_bit_identical(packed):
+    """RLIMIT_FSIZE inside a checkpoint write (orbax's C++ writer fails too): exit 2 with one
+    line naming the directory and the step, the previous checkpoint the latest, no temporary
+    left; the resume on a disk with room again reproduces the unkilled run bit for bit."""
+    workdir, reference = packed
+    report = harness.disk_full_and_resume(workdir, reference, tries=2, seed=1, packed=True)
+    assert not report.failures, report.failures
+    assert report.clean_exits >= 1 and report.resumed_identically == report.clean_exits, report
