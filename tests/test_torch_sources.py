@@ -11,8 +11,9 @@ import pytest
 import safetensors
 import safetensors.numpy
 
+from torch_bridge._atomic import atomic_output
 from torch_bridge._sources import WEIGHT_LAYOUTS, find_config, open_tensors
-from torch_bridge._writers import atomic_output, parse_shard_size, write_safetensors, write_torch_file
+from torch_bridge._writers import parse_shard_size, write_safetensors, write_torch_file
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")

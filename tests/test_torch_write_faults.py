@@ -31,9 +31,14 @@ from flax import nnx  # noqa: E402
 
 from jaxckpt import nn  # noqa: E402
 from jaxckpt.cli import main  # noqa: E402
-from torch_bridge import read_checkpoint, save_hf, save_seed_block, seed_block_config  # noqa: E402
+from torch_bridge import (  # noqa: E402
+    OutputWriteError,
+    read_checkpoint,
+    save_hf,
+    save_seed_block,
+    seed_block_config,
+)
 from torch_bridge._peft import write_peft_adapter  # noqa: E402
-from torch_bridge._writers import OutputWriteError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -17,6 +17,7 @@ Example:
 """
 
 from torch_bridge._archs import ARCHITECTURES, Architecture, architecture, architecture_of, seed_block_config
+from torch_bridge._atomic import OutputWriteError
 from torch_bridge._call_torch import call_torch
 from torch_bridge._convert import ConversionReport, convert_state_dict, export_state_dict
 from torch_bridge._dlpack import to_jax, to_torch
@@ -41,6 +42,7 @@ __all__ = [
     "Architecture",
     "ConversionReport",
     "Converted",
+    "OutputWriteError",
     "Rule",
     "Table",
     "TensorSource",

@@ -26,10 +26,11 @@ from flax import nnx
 
 from jaxckpt.nn import LORA_TARGETS, Transformer, TransformerConfig
 from torch_bridge._archs import Architecture, architecture
+from torch_bridge._atomic import atomic_output, writing
 from torch_bridge._convert import flatten, target_shapes
 from torch_bridge._merge import LORA
 from torch_bridge._table import LAYER
-from torch_bridge._writers import _write_shard, atomic_output, writing
+from torch_bridge._writers import _write_shard
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
