@@ -76,9 +76,10 @@ def add_parser(sub) -> None:
         "--on-nonfinite",
         choices=train.ON_NONFINITE,
         default="stop",
-        help="a step whose loss or gradients are not finite never updates the model; stop: end the run "
-        "there, naming the step (exit 3; the last checkpoint is the last good state), skip: go on, "
-        "counting it (default: stop; float16 loss-scale overflows are skipped either way)",
+        help="stop: end the run at the first non-finite loss, naming the step (exit 3; non-finite "
+        "params are never checkpointed: the last checkpoint is the last good state); skip: skip each "
+        "step whose loss or gradients are not finite (params and optimizer state unchanged; the select "
+        "costs memory) and count it (default: stop; float16 loss-scale overflows are skipped either way)",
     )
     p.add_argument(
         "--init-from",

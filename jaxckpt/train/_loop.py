@@ -16,7 +16,7 @@ from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
 from jaxckpt.train._memory import memory_report
-from jaxckpt.train._nonfinite import check_on_nonfinite, guard_step
+from jaxckpt.train._nonfinite import check_on_nonfinite, check_params_finite, guard_step, optimizer_for
 from jaxckpt.train._progress import SkipCounter, memory_text, train_progress
 from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_data import DataOptions, run_data
@@ -147,10 +147,12 @@ def train(
             ``data`` = the processes and ``fsdp`` = each process's devices.
         plan: the planner's ``MemoryPlan`` that chose ``config.remat``, kept in
             ``TrainRun.plan`` (its spec must be ``config.remat``).
-        on_nonfinite: a step whose loss or gradients are not finite never updates the
-            params or the optimizer state; ``"stop"`` then raises ``NonFiniteError``
-            naming the step (the last checkpoint is the last good state), ``"skip"``
-            goes on and counts it (``TrainRun.skipped_steps``). Under dynamic loss
+        on_nonfinite: ``"stop"`` raises ``NonFiniteError`` at the first step whose loss
+            is not finite, naming it, and never checkpoints non-finite params (the last
+            checkpoint is the last good state); ``"skip"`` skips each step whose loss or
+            gradients are not finite (params and optimizer state unchanged: the step
+            carries a select, which costs memory) and counts it
+            (``TrainRun.skipped_steps``). Under dynamic loss
             scaling (float16) an overflow of the scaled gradients is the scaler's to
             answer: it skips, halves the scale and goes on, whichever the policy.
 
@@ -202,11 +204,7 @@ def train(
     tok = tokenizer_for(init_from, tokenizer)
     _check_vocab(tok, config)
     feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
-    if optimizer is not None and optimizer.skip_nonfinite is not True:
-        raise ValueError(
-            f"train: optimizer.skip_nonfinite={optimizer.skip_nonfinite!r} would let a non-finite step "
-            "update the params; leave it True: on_nonfinite= says what such a step does ('stop' or 'skip')"
-        )
+    optimizer = optimizer_for(optimizer, on_nonfinite)
     trainer = Trainer(
         initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh, seed=seed
     )
@@ -372,6 +370,8 @@ class _Run:
         """Every process saves its shards (orbax); process 0 writes the metadata (with the
         data states of the checkpoints kept, the newest ``MAX_TO_KEEP``) and, at the first
         save, copies the tokenizer files."""
+        if self.on_nonfinite == "stop" and not self.trainer.skips_nonfinite:
+            check_params_finite(self.trainer.model, step - 1, self._last_checkpoint())
         meta = None
         if is_primary():
             if self.state is not None:

@@ -1,11 +1,19 @@
 """``on_nonfinite``: what a step with a non-finite loss or gradients does to the run.
 
-The step itself never applies such an update (``OptimizerConfig.skip_nonfinite``: params
-and optimizer state stay as they were, and the step is counted); this decides, on the
-host, whether the run goes on (``"skip"``) or stops there (``"stop"``).
+``"skip"``: the step itself never applies such an update (``OptimizerConfig.skip_nonfinite``:
+params and optimizer state stay as they were, the step is counted) and the run goes on.
+``"stop"``: the run stops at the first non-finite loss, on the host, and a checkpoint is
+never written from non-finite params (``check_params_finite``), so the last one on disk is
+the last good state; the step carries no select (it costs memory: see ``skip_nonfinite``).
 """
 
+import dataclasses
 import math
+
+from flax import nnx
+
+from jaxckpt.train._loss_scale import all_finite
+from jaxckpt.train._optimizers import OptimizerConfig
 
 ON_NONFINITE = ("stop", "skip")
 """``train(on_nonfinite=)``'s choices; ``"stop"`` is the default."""
@@ -67,3 +75,36 @@ def guard_step(
         f"step {step}: {what}; stopped (on_nonfinite='stop'; 'skip' would skip such steps), "
         f"{last_checkpoint}",
     )
+
+
+def optimizer_for(optimizer: "OptimizerConfig | None", on_nonfinite: str) -> "OptimizerConfig | None":
+    """``optimizer`` with the in-step skip that ``on_nonfinite="skip"`` needs.
+
+    Example:
+        >>> optimizer_for(None, "skip").skip_nonfinite, optimizer_for(None, "stop") is None
+        (True, True)
+    """
+    if on_nonfinite != "skip":
+        return optimizer
+    return dataclasses.replace(optimizer or OptimizerConfig(), skip_nonfinite=True)
+
+
+def check_params_finite(model: nnx.Module, step: int, last_checkpoint: str) -> None:
+    """Raises ``NonFiniteError`` when ``model``'s params hold a NaN or an Inf (a step with
+    non-finite gradients but a finite loss updated them), before they are checkpointed.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> class M(nnx.Module):
+        ...     def __init__(self): self.w = nnx.Param(jnp.array([1.0, jnp.nan]))
+        >>> check_params_finite(M(), 4, "none written")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        jaxckpt.train._nonfinite.NonFiniteError: step 4: the params are not finite ...
+    """
+    if not bool(all_finite(nnx.state(model, nnx.Param))):
+        raise NonFiniteError(
+            step,
+            f"step {step}: the params are not finite (a step up to this one had non-finite gradients); "
+            f"stopped before checkpointing them (on_nonfinite='stop'), {last_checkpoint}",
+        )

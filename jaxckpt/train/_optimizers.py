@@ -87,10 +87,11 @@ class OptimizerConfig:
         loss_scale_init: the dynamic scale's first value. loss_scale_period: good steps
             before it grows.
         skip_nonfinite: skip a step whose loss or gradients are not finite (params and
-            optimizer state unchanged), counted in ``Trainer.loss_scale()["skipped_steps"]``;
-            the default. False applies such a step's update (the params become non-finite);
-            None: with dynamic loss scaling only. ``train`` needs True: its ``on_nonfinite``
-            then stops or goes on.
+            optimizer state unchanged), counted in ``Trainer.loss_scale()["skipped_steps"]``.
+            None (the default): with dynamic loss scaling only. True costs memory without
+            loss scaling: the select keeps the old state beside the new one (``small``,
+            XLA:CPU: a 17% higher peak), so ``train`` sets it only for
+            ``on_nonfinite="skip"``.
 
     Raises:
         ValueError: naming the field, for a value out of its range or choices.
@@ -122,7 +123,7 @@ class OptimizerConfig:
     loss_scale: str | float = "auto"
     loss_scale_init: float = 2.0**15
     loss_scale_period: int = 2000
-    skip_nonfinite: bool | None = True
+    skip_nonfinite: bool | None = None
 
     def __post_init__(self):
         if not self.learning_rate > 0:
