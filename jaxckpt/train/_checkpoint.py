@@ -70,7 +70,12 @@ def latest_step(directory: str | os.PathLike) -> int | None:
     if not directory.is_dir():
         return None
     with _manager(directory) as manager:
-        steps = set(manager.all_steps())
+        return _latest(manager, directory)
+
+
+def _latest(manager, directory: Path) -> int | None:
+    """The newest step orbax finished that ``jaxckpt.json`` records (all of them without it)."""
+    steps = set(manager.all_steps())
     recorded = read_meta(directory).get(RECORDED)
     if recorded is not None:
         steps &= set(recorded)
@@ -106,10 +111,12 @@ def save_checkpoint(
         (7, [7])
     """
     directory = Path(directory)
-    previous = latest_step(directory)
     tree = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
     failure = None
+    # One manager, made by every process alike: each one makes the same orbax barriers (a
+    # second manager made only where the directory already existed split them).
     with _manager(directory, cleanup=True) as manager:  # removes a killed save's temp dirs
+        previous = _latest(manager, directory)
         if step in manager.all_steps():
             if step in read_meta(directory).get(RECORDED, ()):
                 raise FileExistsError(f"{str(directory)!r} already holds a complete checkpoint, step {step}")
