@@ -90,7 +90,7 @@ class OptimizerConfig:
             optimizer state unchanged), counted in ``Trainer.loss_scale()["skipped_steps"]``.
             None (the default): with dynamic loss scaling only. True costs memory without
             loss scaling: the select keeps the old state beside the new one (``small``,
-            XLA:CPU: a 17% higher peak), so ``train`` sets it only for
+            XLA:CPU: a 20% higher peak), so ``train`` sets it only for
             ``on_nonfinite="skip"``.
 
     Raises:
