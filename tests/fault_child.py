@@ -67,9 +67,9 @@ class Watch:
 def install(watch: Watch) -> None:
     """Watches the steps (through the loop's non-finite guard, called once per step) and
     the file-system calls of every checkpoint save."""
-    from jaxckpt.train import _loop
+    from jaxckpt.train import _run_steps
 
-    save, guard = _loop.save_checkpoint, _loop.guard_step
+    save, guard = _run_steps.save_checkpoint, _run_steps.guard_step
 
     def saving(*args, **kwargs):
         watch.saving = True
@@ -82,7 +82,7 @@ def install(watch: Watch) -> None:
         watch.log(f"step {step} {float(loss).hex()}")
         return guard(on_nonfinite, step, loss, *rest)
 
-    _loop.save_checkpoint, _loop.guard_step = saving, guarded
+    _run_steps.save_checkpoint, _run_steps.guard_step = saving, guarded
     for name in WATCHED_OS_CALLS:
         watch.wrap(os, name, f"os.{name}")
     watch.wrap(builtins, "open", "open")

@@ -16,9 +16,9 @@ def main(argv: list[str]) -> int:
     progress, sep, *train_args = argv
     assert sep == "--", "usage: multihost_die.py PROGRESS -- <train arguments>"
     from jaxckpt.cli import main as cli
-    from jaxckpt.train import _loop
+    from jaxckpt.train import _run_steps
 
-    guard = _loop.guard_step
+    guard = _run_steps.guard_step
 
     def guarded(on_nonfinite, step, loss, *rest):
         with open(progress, "a") as f:
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
             os.fsync(f.fileno())
         return guard(on_nonfinite, step, loss, *rest)
 
-    _loop.guard_step = guarded
+    _run_steps.guard_step = guarded
     return cli(["train", *train_args])
 
 
