@@ -5,7 +5,8 @@ import itertools
 import pytest
 
 from jaxckpt import nn, plan, remat, train
-from jaxckpt.plan._solver import _Compiler, _infeasible_message
+from jaxckpt.plan._infeasible import infeasible_message
+from jaxckpt.plan._solver import _Compiler
 from jaxckpt.remat import RematSpec, Tag
 
 CONFIG = nn.TransformerConfig.preset("tiny", n_layers=2)
@@ -182,7 +183,7 @@ def test_what_would_fit_is_predicted_for_the_workload_it_names():
     ``seq`` is a shorter sequence: the hint for ``seq=64`` is not checked at another batch);
     LoRA and QLoRA are named with their peaks even where they do not fit alone."""
     workload, limit = plan.Workload(nn.TransformerConfig.preset("tiny"), 8, 256), 24 * 2**20
-    message = _infeasible_message(workload, limit, limit + 1, _Compiler(None, None, offload=False))
+    message = infeasible_message(workload, limit, limit + 1, _Compiler(None, None, offload=False))
     fits, short = message.split("What would fit: ")[1].split(". Not enough alone: ")
     peak = lambda **changes: plan.predict(workload.replace(**changes), "full").total
     split = plan.format_bytes(peak(batch=1, micro_batches=8))
