@@ -1,6 +1,8 @@
 """Streamed record readers: every format, where each record is, exact resume positions, errors."""
 
 import json
+import subprocess
+import sys
 import tracemalloc
 
 import pyarrow as pa
@@ -85,15 +87,15 @@ def test_parquet_streams_by_row_group_and_resumes(tmp_path, monkeypatch):
     assert [w for _, w, _ in items][:2] == [f"{f}:row 0", f"{f}:row 1"]
     assert items[7][2] == {"file": 0, "row": 8}
     asked = []
-    original = pq.ParquetFile.iter_batches
+    original = pq.ParquetFile.read_row_group
 
-    def spy(self, *args, **kw):
-        asked.append(list(kw["row_groups"]))
-        return original(self, *args, **kw)
+    def spy(self, group, *args, **kw):
+        asked.append(group)
+        return original(self, group, *args, **kw)
 
-    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
     assert [r["text"] for r, _, _ in read_records(f, start=items[7][2])] == ["t8", "t9", "t10"]
-    assert asked == [[2, 3]]  # row 8 is in group 2 (rows 6..8): groups 0 and 1 are never read
+    assert asked == [2, 3]  # row 8 is in group 2 (rows 6..8): groups 0 and 1 are never read
 
 
 def test_txt_one_document_per_file_or_per_line(tmp_path):
@@ -222,3 +224,41 @@ def test_a_large_jsonl_is_streamed(tmp_path):
         tracemalloc.stop()
     assert first[-1][2] == {"file": 0, "offset": 5 * len(line), "line": 5}
     assert peak < 300_000, peak  # a whole-file read would be 12 MB
+
+
+_EVERY_FLIP = """
+import sys
+from pathlib import Path
+from jaxckpt.data import DataError, read_records
+
+pristine = Path(sys.argv[1]).read_bytes()
+bad = Path(sys.argv[2])
+errors = 0
+for at in range(len(pristine)):
+    for mask in (0x01, 0x2B, 0x80):
+        data = bytearray(pristine)
+        data[at] ^= mask
+        bad.write_bytes(bytes(data))
+        try:
+            list(read_records(bad))
+        except DataError:
+            errors += 1
+print(errors)
+"""
+
+
+def test_no_single_byte_flip_of_a_parquet_file_aborts_the_process(tmp_path):
+    """pyarrow 26 aborts the process (an uncaught C++ exception) when Python reads the metadata
+    of a column chunk whose level histogram has the wrong size: one flipped byte makes one.
+    Each flip of each byte, three ways, read in a child process: one that aborts fails here
+    instead of taking the test worker down. (A flip may leave a file pyarrow reads.)"""
+    records = [{"text": f"document {i}", "id": i} for i in range(7)]
+    f = _parquet(tmp_path / "d.parquet", records, row_group_size=3)
+    child = subprocess.run(
+        [sys.executable, "-c", _EVERY_FLIP, str(f), str(tmp_path / "bad.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert int(child.stdout.split()[-1]) > f.stat().st_size  # most flips are caught
