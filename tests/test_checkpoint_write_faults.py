@@ -11,6 +11,7 @@ completes. The write through orbax's C++ array writer is failed for real in
 import builtins
 import errno
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +57,14 @@ class FullDisk:
         monkeypatch.setattr(owner, name, watched)
 
 
+def _orbax_threads_alive() -> list[str]:
+    """Orbax's signalling threads still running (a failed save must leave none: they are not
+    daemon threads, and one waiting for a signal that never comes holds the process for 300 s)."""
+    from orbax.checkpoint._src.futures.future import _SignalingThread
+
+    return [t.name for t in threading.enumerate() if isinstance(t, _SignalingThread) and t.is_alive()]
+
+
 def _writing_calls(tmp_path) -> int:
     """How many writing calls the save of a second step makes."""
     save_checkpoint(tmp_path / "count", 1, _state(1), {"seed": 1})
@@ -83,6 +92,7 @@ def test_enospc_at_every_write_of_a_save_keeps_the_previous_checkpoint(tmp_path)
                 assert "No space left on device (ENOSPC)" in message and "step 1, is intact" in message
                 assert err.errno == errno.ENOSPC
         assert disk.failed, k
+        assert _orbax_threads_alive() == [], disk.failed  # none waits 300 s for a signal
         latest = latest_step(directory)
         assert latest == (1 if raised else 2), disk.failed
         outcomes["error" if raised else "survived"] += 1

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import jax
@@ -20,6 +21,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from jaxckpt.train._orbax_quiet import quiet_orbax_failures
+from jaxckpt.train._orbax_threads import release_stranded_threads
 
 META = "jaxckpt.json"
 
@@ -112,7 +114,7 @@ def save_checkpoint(
     """
     directory = Path(directory)
     tree = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
-    failure = None
+    failure, threads_before = None, set(threading.enumerate())
     # One manager, made by every process alike: each one makes the same orbax barriers (a
     # second manager made only where the directory already existed split them).
     with _manager(directory, cleanup=True) as manager:  # removes a killed save's temp dirs
@@ -132,6 +134,7 @@ def save_checkpoint(
             if meta is not None:
                 _record(manager, directory, step, meta, previous)
     if failure is not None:  # the manager is closed: none of its threads writes any more
+        release_stranded_threads(threads_before)  # else they would hold the process for 300 s
         _remove_temporaries(directory, step)  # give the space back now, not at the next save
         raise _write_error(directory, step, previous, failure) from failure
     return directory
