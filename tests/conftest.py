@@ -26,6 +26,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
+import gc
 import importlib.util
 
 import jax
@@ -79,6 +80,18 @@ def strict_dtype_promotion():
     JAX's defaults."""
     with jax.numpy_dtype_promotion("strict"):
         yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+    """Each xdist worker runs for the whole suite: without this, every compiled program and
+    traced function of every module stays cached in it, and a worker grew to about 7 GB by
+    the end (two of them, beside the training subprocesses some tests start, on a 24 GB
+    machine). A module's programs are dropped when it ends; the next module that needs one
+    reads it from the persistent compilation cache."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 def _torch_missing() -> str | None:
