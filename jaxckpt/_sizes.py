@@ -1,5 +1,6 @@
 """Memory sizes written as text (``32GB``, ``30GiB``) and back."""
 
+import os
 import re
 
 GB, GiB = 10**9, 2**30
@@ -16,6 +17,19 @@ _UNITS = {
     "gib": GiB,
     "tib": 2**40,
 }
+
+
+def host_memory() -> int:
+    """This machine's physical memory in bytes (16 GiB where the OS does not say).
+
+    Example:
+        >>> host_memory() > 0
+        True
+    """
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return 16 * GiB
 
 
 def parse_size(text: "str | int", name: str = "size") -> int:

@@ -10,7 +10,8 @@ caches so that a program an earlier test compiled cannot run unseen.
 stdout): below the bytes the step holds from start to end (parameters, optimizer state,
 input tokens) nothing can fit, and the planner says so from that sum, compiling nothing.
 ``--micro-batches`` needs to divide nothing: ``--batch`` is per micro-batch. What must
-divide is the batch by a ``train --mesh``'s devices.
+divide is the batch by a ``train --mesh``'s devices; and a count whose step's input tokens
+alone exceed the machine's memory is refused.
 """
 
 import collections
@@ -106,6 +107,16 @@ def test_plan_unknown_device_lists_the_known_ones(capsys, compile_count):
     err = _refused([*PLAN, "--batch", "2", "--seq", "64", "--device", "nosuchgpu"], capsys)
     assert err.startswith("jaxckpt plan: error: --device 'nosuchgpu' is unknown; valid devices: ")
     assert all(name in err for name in plan.DEVICES)
+    assert compile_count() == 0
+
+
+def test_train_micro_batches_past_the_machines_memory(capsys, compile_count):
+    err = _refused([*TRAIN, "--seq", "32", "--batch", "2", "--micro-batches", str(10**9)], capsys)
+    assert err.startswith(
+        "jaxckpt train: error: --micro-batches 1000000000 x --batch 2 windows of --seq 32 + 1 tokens take "
+        "245.87 GiB per step as int32, more than this machine's "
+    )
+    assert err.endswith("of memory; use fewer micro-batches")
     assert compile_count() == 0
 
 

@@ -1,10 +1,9 @@
 """Device presets (memory, matmul rate, host link, 16-bit float type)."""
 
 import dataclasses
-import os
 from types import MappingProxyType
 
-from jaxckpt._sizes import GB, GiB
+from jaxckpt._sizes import GB, host_memory
 from jaxckpt.nn import TransformerConfig
 
 
@@ -53,13 +52,6 @@ class DevicePreset:
         return config.replace(**changes)
 
 
-def _host_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX
-        return 16 * GiB
-
-
 DEVICES: MappingProxyType[str, DevicePreset] = MappingProxyType(
     {
         "ascend-910": DevicePreset("ascend-910", 32 * GB, 256e12, 25e9, half="float16"),
@@ -68,7 +60,7 @@ DEVICES: MappingProxyType[str, DevicePreset] = MappingProxyType(
         "a100-80g": DevicePreset("a100-80g", 80 * GB, 312e12, 25e9),
         "h100-80g": DevicePreset("h100-80g", 80 * GB, 989e12, 50e9),
         "h200-141g": DevicePreset("h200-141g", 141 * GB, 989e12, 50e9),
-        "cpu": DevicePreset("cpu", _host_memory(), 1e11, 10e9),
+        "cpu": DevicePreset("cpu", host_memory(), 1e11, 10e9),
     }
 )
 """Device name -> ``DevicePreset`` (``cpu`` is this machine's RAM)."""

@@ -20,7 +20,7 @@ from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_data import DataOptions, run_data
 from jaxckpt.train._run_steps import Run
 from jaxckpt.train._sharding import check_batch_split
-from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq
+from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq, check_step_tokens
 from jaxckpt.train._stop import stop_requests
 
 
@@ -187,6 +187,7 @@ def train(
     require_positive_int("steps", steps)
     check_on_nonfinite(on_nonfinite)
     check_seq(config, seq)
+    check_step_tokens(batch, seq, micro_batches)
     mesh = resolve_mesh(mesh)
     check_batch_split(batch, mesh)  # before any data is read or model built
     _check_remat(config, plan)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxckpt._sizes import format_bytes, host_memory
 from jaxckpt.nn import activation_sharding, trainable
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -143,6 +144,31 @@ def check_seq(config, seq: int) -> None:
     """
     if seq > config.max_len:
         raise ValueError(f"seq={seq} exceeds the model's config.max_len={config.max_len}; use a shorter seq")
+
+
+STEP_TOKEN_BYTES = 4
+"""Bytes of one input token on the host (int32)."""
+
+
+def check_step_tokens(batch: int, seq: int, micro_batches: int) -> None:
+    """Raises a ValueError naming ``micro_batches`` when one step's input tokens alone
+    (``micro_batches x batch`` windows of ``seq + 1`` int32 tokens) exceed this machine's
+    memory: the data pipeline could not even hold them.
+
+    Example:
+        >>> check_step_tokens(8, 2048, 16)
+        >>> check_step_tokens(2, 32, 10**12)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: micro_batches=1000000000000 x batch=2 windows of seq=32 + 1 tokens take 245869.16 GiB...
+    """
+    need = micro_batches * batch * (seq + 1) * STEP_TOKEN_BYTES
+    if need > host_memory():
+        raise ValueError(
+            f"micro_batches={micro_batches} x batch={batch} windows of seq={seq} + 1 tokens take "
+            f"{format_bytes(need)} per step as int32, more than this machine's "
+            f"{format_bytes(host_memory())} of memory; use fewer micro-batches"
+        )
 
 
 def check_batch(batch) -> None:
