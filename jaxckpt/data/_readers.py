@@ -148,7 +148,7 @@ def _parquet_batches(file: Path, row: int):
         for group in range(start, parquet.metadata.num_row_groups):
             table = parquet.read_row_group(group)
             yield from _skip_rows(table.to_batches(max_chunksize=_PARQUET_BATCH_ROWS), skip)
-            skip = max(0, skip - table.num_rows)
+            skip = 0  # row is inside the first group read
     except DataError:
         raise
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:  # (bad UTF-8 in its metadata)

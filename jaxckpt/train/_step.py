@@ -162,12 +162,12 @@ def check_step_tokens(batch: int, seq: int, micro_batches: int) -> None:
         ...
         ValueError: micro_batches=1000000000000 x batch=2 windows of seq=32 + 1 tokens take 245869.16 GiB...
     """
-    need = micro_batches * batch * (seq + 1) * STEP_TOKEN_BYTES
-    if need > host_memory():
+    need, memory = micro_batches * batch * (seq + 1) * STEP_TOKEN_BYTES, host_memory()
+    if need > memory:
         raise ValueError(
             f"micro_batches={micro_batches} x batch={batch} windows of seq={seq} + 1 tokens take "
             f"{format_bytes(need)} per step as int32, more than this machine's "
-            f"{format_bytes(host_memory())} of memory; use fewer micro-batches"
+            f"{format_bytes(memory)} of memory; use fewer micro-batches"
         )
 
 
