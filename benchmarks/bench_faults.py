@@ -5,11 +5,13 @@ CI): SIGKILLs from outside after a random delay and self-kills at a random file-
 of a checkpoint write, each followed by ``--resume``; every round is compared, bit for bit,
 with an uninterrupted run of the same command (losses and final arrays). Then the disk fills
 (``RLIMIT_FSIZE``) at a random call of a checkpoint write: the run must exit 2 with one line
-naming the directory and the step, leave the previous checkpoint the latest, and resume to
-the same bits.
+naming the directory, the step and the log file of orbax's reports, leave the previous
+checkpoint the latest, and resume to the same bits. Last, the disk fills at each stage of a
+write in turn (array data, metadata, finalize, jaxckpt.json), ``--stage-runs`` times each:
+every run must print exactly that one line.
 
-    python benchmarks/bench_faults.py                 # 100 kills, 10 disk-full runs
-    python benchmarks/bench_faults.py --kills 20 --full 3
+    python benchmarks/bench_faults.py                 # 100 kills, 10 disk-full runs, 20 per stage
+    python benchmarks/bench_faults.py --kills 20 --full 3 --stage-runs 2
 """
 
 import argparse
@@ -43,6 +45,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--full", type=int, default=10, help="disk-full runs")
+    parser.add_argument("--stage-runs", type=int, default=20, help="disk-full runs per stage of a write")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     t0 = time.perf_counter()
@@ -52,12 +55,23 @@ def main() -> int:
         reference = harness.reference_run(workdir, train_args, STEPS, EVERY)
         kills = harness.kill_and_resume(workdir, reference, args.kills, args.seed, packed=True)
         full = harness.disk_full_and_resume(workdir, reference, args.full, args.seed, packed=True)
+        stages = {
+            stage: harness.disk_full_at_stage(workdir, reference, stage, args.stage_runs, packed=True)
+            for stage in harness.DISK_FULL_STAGES
+        }
     rows = [
         *harness.summary_rows(kills),
         ("disk-full runs (RLIMIT_FSIZE inside a checkpoint write)", str(full.tries)),
         ("  exit 2, one line naming the directory and step, previous intact", str(full.clean_exits)),
         ("  then resumed bit-identically", str(full.resumed_identically)),
         ("  finished whole (no file written after the fill outgrew the limit)", str(full.survived)),
+        *(
+            (
+                f"disk full at the {stage} stage: runs with exactly one line / runs",
+                f"{r.clean_exits} / {r.tries}",
+            )
+            for stage, r in stages.items()
+        ),
     ]
     title = f"Kill, fill the disk, resume: jaxckpt train ({STEPS} steps, checkpoint every {EVERY})"
     table = Table(title=title)
@@ -67,11 +81,16 @@ def main() -> int:
         table.add_row(*row)
     Console().print(table)
     ok = kills.ok and not full.failures and full.resumed_identically + full.survived == full.tries
-    for line in (kills.resume_failures + kills.losses_differing + kills.strays + full.failures)[:5]:
+    stage_failures = [line for r in stages.values() for line in r.failures]
+    ok = ok and not stage_failures
+    for line in (
+        kills.resume_failures + kills.losses_differing + kills.strays + full.failures + stage_failures
+    )[:5]:
         print("FAILED:", line)
     payload = {
         "kills": kills.to_dict(),
         "disk_full": full.__dict__,
+        "disk_full_stages": {stage: r.__dict__ for stage, r in stages.items()},
         "ok": ok,
         "seconds": time.perf_counter() - t0,
     }

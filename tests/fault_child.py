@@ -12,18 +12,32 @@ Usage: ``python fault_child.py PROGRESS KILL_AT ACTION -- <jaxckpt train argumen
   checkpoints); ``FULL`` fills the disk: from then on no file of the process may grow
   past ``FULL_BYTES`` (``RLIMIT_FSIZE``; the writes fail with EFBIG, in orbax's C++
   writer too). 0: nothing (the harness may kill the process from outside at any moment).
+- ``ACTION`` = ``ENOSPC@<stage>`` (``KILL_AT`` unused): the first save's call that begins
+  ``stage`` of ``ENOSPC_STAGES`` (orbax's metadata file, its rename of the step's temporary
+  directory, jaxckpt's own ``jaxckpt.json``) raises ``OSError(ENOSPC)``, as a full disk
+  would there. The array data's stage is ``FULL`` at the first call (``KILL_AT`` = 1): its
+  writes are tensorstore's, in C++.
 
 Nothing here changes what ``jaxckpt train`` computes: it only watches and kills.
 """
 
 import builtins
+import errno
 import os
+import re
 import resource
 import signal
 import sys
 
-FULL_BYTES = 4096
+FULL_BYTES = 64 * 1024
 """``FULL``: the largest file the process may write from then on."""
+
+ENOSPC_STAGES = {
+    "metadata": lambda label, path: label == "open" and path.endswith("/_METADATA"),
+    "finalize": lambda label, path: label == "os.rename" and re.search(r"/\d+\.orbax-checkpoint-tmp$", path),
+    "record": lambda label, path: label == "os.replace" and path.endswith(".jaxckpt.json.tmp"),
+}
+"""Where ``ENOSPC@<stage>`` fails a save: a predicate on the call's label and first path."""
 
 WATCHED_OS_CALLS = ("rename", "replace", "makedirs", "mkdir", "remove", "unlink", "rmdir", "open")
 
@@ -41,8 +55,16 @@ class Watch:
             f.flush()
             os.fsync(f.fileno())
 
-    def before(self, name: str) -> None:
-        if not self.saving or self.kill_at <= 0:
+    def before(self, name: str, path: str) -> None:
+        if not self.saving:
+            return
+        if self.action.startswith("ENOSPC@"):
+            if self.calls == 0 and ENOSPC_STAGES[self.action.split("@")[1]](name, path):
+                self.calls += 1
+                self.log(f"kill {self.action} {name}")
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+            return
+        if self.kill_at <= 0:
             return
         self.calls += 1
         if self.calls != self.kill_at:
@@ -58,7 +80,7 @@ class Watch:
         original = getattr(owner, name)
 
         def watched(*args, **kwargs):
-            self.before(label)
+            self.before(label, str(args[0]) if args else "")
             return original(*args, **kwargs)
 
         setattr(owner, name, watched)

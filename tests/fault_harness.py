@@ -272,6 +272,20 @@ def child_env() -> dict:
     return {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
+IMPORT_NOISE = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.",
+)
+"""What ``import jax`` prints in every process on a machine with no GPU where the CUDA plugin
+(the ``gpu-aot`` extra) is installed, before any jaxckpt code runs (C++ logging that no
+environment variable turns off): not the run's output, which the disk-full checks read."""
+
+
+def run_stderr(proc: Process) -> list[str]:
+    """The lines the run printed on stderr, without ``IMPORT_NOISE``."""
+    return [line for line in proc.stderr.splitlines() if not any(noise in line for noise in IMPORT_NOISE)]
+
+
 @dataclasses.dataclass
 class DiskFull:
     """What the disk-full processes did: each fills the disk at a random file-system call of
@@ -295,21 +309,14 @@ def disk_full_and_resume(
             workdir, reference.args, directory, kill_at=rng.randint(1, WRITE_KILL_CALLS), action="FULL"
         )
         report.tries += 1
-        error = [line for line in proc.stderr.splitlines() if line.startswith("jaxckpt train: error:")]
         if proc.returncode == 0:  # no file written after the fill outgrew it: the run must be whole
             report.survived += 1
             if not check_round(Report(), directory, [proc], reference):
                 report.failures.append(f"{directory.name}: finished, but differs from the reference")
             continue
-        ok = proc.returncode == 2 and len(error) == 1 and str(directory) in error[0] and "step " in error[0]
-        ok = (
-            ok
-            and "Traceback" not in proc.stderr
-            and latest_is_complete(directory, packed)
-            and not strays(directory)
-        )
-        if not ok:
-            report.failures.append(f"{directory.name}: exit {proc.returncode}: {proc.stderr[-1500:]}")
+        problem = one_line_failure(proc, directory, packed)
+        if problem:
+            report.failures.append(f"{directory.name}: {problem}")
             continue
         report.clean_exits += 1
         rest = run_process(workdir, reference.args, directory)
@@ -317,4 +324,61 @@ def disk_full_and_resume(
             report.resumed_identically += 1
         else:
             report.failures.append(f"{directory.name}: the resume differed or failed: {rest.stderr[-1500:]}")
+    return report
+
+
+LOG_NAME = "checkpoint-errors.log"
+"""The log file a failed save writes its orbax reports to (``jaxckpt.train.CHECKPOINT_LOG``)."""
+
+DISK_FULL_STAGES = {
+    "array data": (1, "FULL"),  # RLIMIT_FSIZE from the save's first call: tensorstore's writes fail
+    "metadata": (0, "ENOSPC@metadata"),
+    "finalize": (0, "ENOSPC@finalize"),
+    "record": (0, "ENOSPC@record"),
+}
+"""The stages of a checkpoint write that a full disk fails, as ``(kill_at, action)`` of
+``run_process``: the item's metadata file, the rename that finalizes the step, and
+jaxckpt's ``jaxckpt.json``."""
+
+
+def one_line_failure(proc: Process, directory: Path, packed: bool) -> str | None:
+    """What is wrong with a run stopped by a failed checkpoint write, or None: it must exit 2
+    with exactly one line on stderr (``run_stderr``), naming the directory, the step and the log file, which
+    holds the detail; the latest step is complete and no temporary is left."""
+    lines = run_stderr(proc)
+    log = directory / LOG_NAME
+    if proc.returncode != 2:
+        return f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+    if len(lines) != 1 or not lines[0].startswith("jaxckpt train: error:"):
+        return f"exit {proc.returncode}, {len(lines)} lines on stderr: {proc.stderr[-1500:]}"
+    if str(directory) not in lines[0] or "step " not in lines[0] or f"details in {log}" not in lines[0]:
+        return f"the line does not name the directory, the step and the log: {lines[0]}"
+    if not log.is_file() or "could not write checkpoint step" not in log.read_text():
+        return f"{log} does not hold the failure"
+    if not latest_is_complete(directory, packed) or strays(directory):
+        return f"the latest step is not complete, or temporaries are left: {strays(directory)}"
+    return None
+
+
+def disk_full_at_stage(workdir: Path, reference: Reference, stage: str, runs: int, packed: bool) -> DiskFull:
+    """``runs`` runs whose disk fills at ``stage`` of their first checkpoint write
+    (``DISK_FULL_STAGES``), each checked by ``one_line_failure``; the first is resumed
+    to the end, bit-identical to the reference."""
+    kill_at, action = DISK_FULL_STAGES[stage]
+    report = DiskFull()
+    for n in range(runs):
+        directory = workdir / f"full-{stage.replace(' ', '-')}-{n}"
+        proc = run_process(workdir, reference.args, directory, kill_at=kill_at, action=action)
+        report.tries += 1
+        problem = one_line_failure(proc, directory, packed)
+        if problem:
+            report.failures.append(f"{stage} #{n}: {problem}")
+            continue
+        report.clean_exits += 1
+        if n == 0:
+            rest = run_process(workdir, reference.args, directory)
+            if rest.returncode == 0 and check_round(Report(), directory, [proc, rest], reference):
+                report.resumed_identically += 1
+            else:
+                report.failures.append(f"{stage}: the resume differed or failed: {rest.stderr[-1500:]}")
     return report

@@ -20,7 +20,14 @@ import pytest
 from fault_harness import strays
 from flax import nnx
 
-from jaxckpt.train import CheckpointWriteError, latest_step, read_meta, restore_checkpoint, save_checkpoint
+from jaxckpt.train import (
+    CHECKPOINT_LOG,
+    CheckpointWriteError,
+    latest_step,
+    read_meta,
+    restore_checkpoint,
+    save_checkpoint,
+)
 
 WRITES = ("rename", "replace", "makedirs", "mkdir")
 """The ``os`` calls that change a directory; files opened for writing are failed too."""
@@ -74,14 +81,14 @@ def _writing_calls(tmp_path) -> int:
     return disk.calls
 
 
-def test_enospc_at_every_write_of_a_save_keeps_the_previous_checkpoint(tmp_path):
+def test_enospc_at_every_write_of_a_save_keeps_the_previous_checkpoint(tmp_path, capfd):
     calls = _writing_calls(tmp_path)
     assert calls >= 10, calls
     outcomes = {"error": 0, "survived": 0, "left until the next save": 0}
     for k in range(1, calls + 1):
         directory = tmp_path / f"k{k}"
         save_checkpoint(directory, 1, _state(1), {"seed": 1})
-        raised = False
+        raised, _ = False, capfd.readouterr()
         with pytest.MonkeyPatch.context() as monkeypatch:
             disk = FullDisk(monkeypatch, fail_at=k)
             try:
@@ -91,6 +98,10 @@ def test_enospc_at_every_write_of_a_save_keeps_the_previous_checkpoint(tmp_path)
                 assert "\n" not in message and "step 2" in message and str(directory) in message, message
                 assert "No space left on device (ENOSPC)" in message and "step 1, is intact" in message
                 assert err.errno == errno.ENOSPC
+                log = directory / CHECKPOINT_LOG
+                assert message.endswith(f"details in {log}") and "step 2" in log.read_text(), message
+        printed = capfd.readouterr().err  # orbax's reports of the failure: in the log, not here
+        assert printed == "", (disk.failed, printed)
         assert disk.failed, k
         assert _orbax_threads_alive() == [], disk.failed  # none waits 300 s for a signal
         latest = latest_step(directory)
@@ -130,3 +141,46 @@ def test_a_complete_step_is_not_overwritten(tmp_path):
     save_checkpoint(tmp_path, 4, _state(4), {"seed": 4})
     with pytest.raises(FileExistsError, match="already holds a complete checkpoint, step 4"):
         save_checkpoint(tmp_path, 4, _state(5), {"seed": 5})
+
+
+def test_orbax_reports_of_a_failed_save_go_to_the_log_unless_verbose(tmp_path, capfd, caplog):
+    """A failure inside orbax's threads (the item's metadata file): orbax logs it from each
+    thread; none of it is printed or reaches a log handler, all of it is in the log file the
+    error names; with the ``jaxckpt.checkpoint`` logger at DEBUG (``--verbose``) the records
+    reach the handlers as they come."""
+    import logging
+
+    from jaxckpt.train import VERBOSE_LOGGER
+
+    def fail_metadata(monkeypatch):
+        original = builtins.open
+
+        def full(path, mode="r", *args, **kwargs):
+            if str(path).endswith("/_METADATA") and "w" in mode:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            return original(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", full)
+
+    reported = "_SignalingThread.run() raised an exception"
+    save_checkpoint(tmp_path / "warm", 0, _state(0))  # the backend's start-up lines, before capfd
+    for verbose in (False, True):
+        directory = tmp_path / f"verbose-{verbose}"
+        capfd.readouterr()
+        caplog.clear()
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            fail_metadata(monkeypatch)
+            if verbose:
+                caplog.set_level(logging.DEBUG, logger=VERBOSE_LOGGER)  # restored after the test
+            with pytest.raises(CheckpointWriteError) as raised:
+                save_checkpoint(directory, 1, _state(1), {"seed": 1})
+        log = (directory / CHECKPOINT_LOG).read_text()
+        assert str(raised.value).endswith(f"details in {directory / CHECKPOINT_LOG}")
+        assert "could not write checkpoint step 1" in log and "Traceback" in log
+        assert (" ERROR absl [" in log) is not verbose, (
+            log
+        )  # orbax's records: held for the file, or handed on
+        assert any(reported in r.getMessage() for r in caplog.records) is verbose, caplog.records
+        assert capfd.readouterr().err == "" or verbose
+    save_checkpoint(directory, 2, _state(2), {"seed": 2})  # the disk has room again
+    assert latest_step(directory) == 2

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import logging
 import sys
 
 from rich.console import Console
@@ -107,12 +108,20 @@ def add_parser(sub) -> None:
         f"exit (default: JAX's, {train.HEARTBEAT_TIMEOUT_S}); a killed process is noticed at once",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a progress bar and summary")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print orbax's own reports of a failed checkpoint write as they come (by default they "
+        f"go to {train.CHECKPOINT_LOG} in --checkpoint-dir, and one line names it)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Builds the config, trains, and prints the result (process 0 only, when there are several)."""
     _initialize_distributed(args)  # before anything touches JAX devices
+    if args.verbose:
+        logging.getLogger(train.VERBOSE_LOGGER).setLevel(logging.DEBUG)
     given = (
         ("n_layers", args.layers),
         ("remat", args.remat),

@@ -32,6 +32,8 @@ from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._nonfinite import ON_NONFINITE, NonFiniteError
 from jaxckpt.train._offload import offload_shardings, stream_to_host
 from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
+from jaxckpt.train._orbax_quiet import LOG_NAME as CHECKPOINT_LOG
+from jaxckpt.train._orbax_quiet import VERBOSE_LOGGER
 from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_data import DataOptions
 from jaxckpt.train._sharding import (
@@ -51,12 +53,14 @@ from jaxckpt.train._transforms import (
 )
 
 __all__ = [
+    "CHECKPOINT_LOG",
     "HEARTBEAT_TIMEOUT_S",
     "LOGICAL_AXIS_RULES",
     "MOMENTS_DTYPES",
     "ON_NONFINITE",
     "OPTIMIZERS",
     "PARAMS_KIND",
+    "VERBOSE_LOGGER",
     "VOCAB_SIZE",
     "ByteBatches",
     "CheckpointWriteError",

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import threading
+import traceback
 from pathlib import Path
 
 import jax
@@ -20,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxckpt.train._orbax_quiet import quiet_orbax_failures
+from jaxckpt.train._orbax_quiet import SaveReports, quiet_orbax_failures
 from jaxckpt.train._orbax_threads import release_stranded_threads
 
 META = "jaxckpt.json"
@@ -98,9 +99,11 @@ def save_checkpoint(
     one is refused.
 
     Raises:
-        CheckpointWriteError: the write failed (a full disk, say). The error names the
-            directory, the step and the reason; the partial step is removed and the
-            previous checkpoint stays the latest, intact.
+        CheckpointWriteError: the write failed (a full disk, say). The error is one line
+            naming the directory, the step, the reason and the log file (``LOG_NAME``, in
+            ``directory``) that holds orbax's reports of the failure with their tracebacks;
+            none of them reaches stderr (``_orbax_quiet``). The partial step is removed and
+            the previous checkpoint stays the latest, intact.
         FileExistsError: ``step`` is already a complete checkpoint of ``directory``.
 
     Example:
@@ -115,38 +118,47 @@ def save_checkpoint(
     directory = Path(directory)
     tree = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
     failure, threads_before = None, set(threading.enumerate())
-    # One manager, made by every process alike: each one makes the same orbax barriers (a
-    # second manager made only where the directory already existed split them).
-    with _manager(directory, cleanup=True) as manager:  # removes a killed save's temp dirs
-        previous = _latest(manager, directory)
-        if step in manager.all_steps():
-            if step in read_meta(directory).get(RECORDED, ()):
-                raise FileExistsError(f"{str(directory)!r} already holds a complete checkpoint, step {step}")
-            manager.delete(step)  # a killed run's unrecorded step: not a checkpoint
-        try:
-            manager.save(step, args=ocp.args.StandardSave(tree), force=True)
-            manager.wait_until_finished()
-        except (OSError, ValueError) as err:
-            if not _is_write_error(err):
-                raise
-            failure = err
-        else:
-            if meta is not None:
-                _record(manager, directory, step, meta, previous)
-    if failure is not None:  # the manager is closed: none of its threads writes any more
-        release_stranded_threads(threads_before)  # else they would hold the process for 300 s
-        _remove_temporaries(directory, step)  # give the space back now, not at the next save
-        raise _write_error(directory, step, previous, failure) from failure
+    with SaveReports() as reports:  # orbax's reports of a failure: held, not printed
+        # One manager, made by every process alike: each one makes the same orbax barriers (a
+        # second manager made only where the directory already existed split them).
+        with _manager(directory, cleanup=True) as manager:  # removes a killed save's temp dirs
+            previous = _latest(manager, directory)
+            if step in manager.all_steps():
+                if step in read_meta(directory).get(RECORDED, ()):
+                    raise FileExistsError(
+                        f"{str(directory)!r} already holds a complete checkpoint, step {step}"
+                    )
+                manager.delete(step)  # a killed run's unrecorded step: not a checkpoint
+            try:
+                manager.save(step, args=ocp.args.StandardSave(tree), force=True)
+                manager.wait_until_finished()
+                if meta is not None:
+                    _record(manager, directory, step, meta)
+            except (OSError, ValueError) as err:
+                if not _is_write_error(err):
+                    raise
+                failure = err
+        if failure is not None:  # the manager is closed: none of its threads writes any more
+            release_stranded_threads(threads_before)  # else they would hold the process for 300 s
+            _remove_temporaries(directory, step)  # give the space back now, not at the next save
+            error = _write_error(directory, step, previous, failure)
+            details = reports.write_log(directory, f"{error.strerror}\n{_traceback(failure)}")
+            raise CheckpointWriteError(error.errno, f"{error.strerror}; {details}") from failure
+        reports.release()
     return directory
 
 
-def _record(manager, directory: Path, step: int, meta: dict, previous: int | None) -> None:
+def _traceback(err: Exception) -> str:
+    return "".join(traceback.format_exception(err)).rstrip()
+
+
+def _record(manager, directory: Path, step: int, meta: dict) -> None:
     """Writes ``jaxckpt.json`` with the complete steps: ``step`` becomes the latest."""
     try:
         _write_json(directory / META, {**meta, RECORDED: sorted(manager.all_steps())})
-    except OSError as err:
+    except OSError:
         manager.delete(step)  # orbax finished it, but it is not recorded: not a checkpoint
-        raise _write_error(directory, step, previous, err) from err
+        raise
 
 
 def _remove_temporaries(directory: Path, step: int) -> None:
