@@ -262,3 +262,50 @@ def test_cli_lora_from_train_and_export(theirs, base, tmp_path, capsys):
     assert merged_trained["arch"] == "llama"
     reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "m2").eval()
     np.testing.assert_allclose(_torch_logits(reloaded), _torch_logits(model), atol=1e-5, rtol=1e-5)
+
+
+def test_a_lora_trained_on_a_bf16_base_exports_merged_float32_exactly(tmp_path, capsys):
+    """The bug of issue 30: a bf16 base's merged kernels were rounded through bf16 before the
+    float32 write (the existing tests merged fp32 bases, or asked for bf16 output). Trained
+    adapters on a bf16 base, exported merged with --dtype float32 and as a PEFT adapter: every
+    merged kernel is W0 + scale * B @ A to 1e-6, and peft's logits on the adapter are the
+    merged export's to 1e-4; a bf16 export reports what its rounding loses."""
+    hf = _hf_llama(seed=5)
+    with torch.no_grad():  # bf16-exact weights in an fp32 file: the base is kept in bf16 losslessly
+        for weight in hf.parameters():
+            weight.copy_(weight.to(torch.bfloat16).float())
+    hf.save_pretrained(tmp_path / "base")
+    trained, merged, adapter = (tmp_path / name for name in ("trained", "merged", "adapter"))
+    _run(
+        capsys, "train", "--init-from", str(tmp_path / "base"), "--lora", "4", "--lora-alpha", "8",
+        "--param-dtype", "bfloat16", "--steps", "3", "--lr", "1e-2", "--batch", "2", "--seq", "9",
+        "--tokenizer", "bytes", "--checkpoint-dir", str(trained),
+    )  # fmt: skip
+    full = _run(capsys, "convert", str(trained), str(merged), "--to", "torch", "--dtype", "float32")
+    assert "lora_rounding" not in full  # nothing rounded
+    _run(capsys, "convert", str(trained), str(adapter), "--to", "torch", "--adapter-only")
+
+    base = load_file(tmp_path / "base" / "model.safetensors")
+    written, lora = load_file(merged / "model.safetensors"), load_file(adapter / "adapter_model.safetensors")
+    scale = 8 / 4
+    adapted = sorted(k.removesuffix(".lora_A.weight") for k in lora if k.endswith(".lora_A.weight"))
+    assert len(adapted) == 4 * LAYERS  # q, k, v and o: the default targets
+    for key in adapted:
+        name = key.removeprefix("base_model.model.") + ".weight"
+        delta = scale * lora[f"{key}.lora_B.weight"] @ lora[f"{key}.lora_A.weight"]
+        assert written[name].dtype == np.float32 and np.abs(delta).max() > 1e-4, name  # trained
+        np.testing.assert_allclose(written[name], base[name] + delta, atol=1e-6, rtol=0, err_msg=name)
+
+    plain = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()
+    theirs = _torch_logits(peft.PeftModel.from_pretrained(plain, adapter).eval())
+    ours = _torch_logits(transformers.LlamaForCausalLM.from_pretrained(merged).eval())
+    effect = np.abs(theirs - _torch_logits(transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base")))
+    assert effect.max() >= 1e-3, effect.max()
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+    print(f"adapter effect {effect.max():.3g}, peft vs merged fp32 {np.abs(ours - theirs).max():.3g}")
+
+    bf16 = _run(capsys, "convert", str(trained), str(tmp_path / "bf16"), "--to", "torch")
+    rounding = bf16["lora_rounding"]  # the base is bf16: so is the merged export, by default
+    assert rounding["dtype"] == "kept" and 0 < rounding["relative_delta_error"] <= 1, rounding
+    assert rounding["worst"].startswith("blocks.attn."), rounding
+    print("bf16 merge:", rounding)

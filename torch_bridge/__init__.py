@@ -21,7 +21,7 @@ from torch_bridge._atomic import OutputWriteError
 from torch_bridge._call_torch import call_torch
 from torch_bridge._convert import ConversionReport, convert_state_dict, export_state_dict
 from torch_bridge._dlpack import to_jax, to_torch
-from torch_bridge._merge import merge_lora
+from torch_bridge._merge import delta_rounding, merge_lora
 from torch_bridge._models import (
     Converted,
     config_from_hf,
@@ -51,6 +51,7 @@ __all__ = [
     "call_torch",
     "config_from_hf",
     "convert_state_dict",
+    "delta_rounding",
     "export_state_dict",
     "load_hf",
     "load_peft_adapter",

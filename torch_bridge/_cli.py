@@ -25,7 +25,7 @@ from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpo
 from torch_bridge._archs import ARCHITECTURES, architecture
 from torch_bridge._atomic import atomic_output, writing
 from torch_bridge._convert import export_order, export_state_dict, flatten, listing, model_class, unflatten
-from torch_bridge._merge import lora_paths, merge_lora
+from torch_bridge._merge import delta_rounding, lora_paths, merge_lora
 from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of
 from torch_bridge._peft import adapter_tensors, write_peft_adapter
 from torch_bridge._peft_load import peft_lora_config, read_peft_adapter
@@ -36,7 +36,7 @@ from torch_bridge._writers import write_torch_file
 
 SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
 REPORTED = ("ignored", "dtype_changes", "notes", "missing", "unknown_fields", "verified_max_abs_diff")
-REPORTED += ("verify_tolerance", "target_modules")
+REPORTED += ("verify_tolerance", "target_modules", "lora_rounding")
 """The ``ConversionReport`` entries the summary shows (when set)."""
 
 NO_TOKENIZER = {
@@ -231,11 +231,12 @@ def to_torch(args: argparse.Namespace) -> dict:
     if args.adapter_only:
         return _adapter_only(args, src, dst, config, params, stored)
     merged = lora_paths(params) if config.lora is not None else []
-    params, config = merge_lora(params, config)  # in fp32, before any --dtype cast
+    name = DTYPES[args.dtype] if args.dtype is not None else None
+    rounding = _lora_rounding(params, config, name) if merged else None
+    params, config = merge_lora(params, config, name)  # summed in fp32, cast once to --dtype
     order = export_order(arch, config)
     casts = []
-    if args.dtype is not None:
-        name = DTYPES[args.dtype]
+    if name is not None:
         casts = _casts(order, params, name)
         params = jax.tree.map(lambda a: np.asarray(a).astype(name), params)
         config = config.replace(dtype=name, param_dtype=name)
@@ -254,7 +255,7 @@ def to_torch(args: argparse.Namespace) -> dict:
     nbytes = sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
     report = _verified(dst, arch, config, params) if args.verify else {}
     notes = [f"merged the LoRA adapters of {', '.join(merged)} into their kernels"] if merged else []
-    meta = {"report": report | {"dtype_changes": casts, "notes": notes}}
+    meta = {"report": report | {"dtype_changes": casts, "notes": notes, "lora_rounding": rounding}}
     summary = _summary(src, dst, "torch", arch, total, nbytes, time.perf_counter() - start, meta)
     if arch == "seed-block":
         return summary
@@ -291,6 +292,19 @@ def _tokenizer(src: Path, dst: Path, to: str, copied: list[str]) -> dict:
     if copied:
         return {"tokenizer_files": copied}
     return {"tokenizer_files": [], "tokenizer_note": NO_TOKENIZER[to].format(src=src, dst=dst)}
+
+
+SIXTEEN_BIT = ("bfloat16", "float16")
+
+
+def _lora_rounding(params: dict, config: TransformerConfig, name: str | None) -> dict | None:
+    """The summary's ``lora_rounding`` (``delta_rounding``) when a merged kernel is written in
+    16 bits (``--dtype bfloat16``/``float16``, or a 16-bit base without ``--dtype``): the
+    share of the adapters' update that rounding loses. None for 32-bit kernels."""
+    kernels = [np.asarray(flatten(params)[f"{path}.kernel"]).dtype for path in lora_paths(params)]
+    if not any(str(name or dtype) in SIXTEEN_BIT for dtype in kernels):
+        return None
+    return delta_rounding(params, config, name)
 
 
 def _casts(order, params: dict, name: str) -> list[tuple[str, str, str]]:
@@ -350,15 +364,34 @@ def run(args: argparse.Namespace) -> int:
     table.add_row(*row)
     console = Console()
     console.print(table)
+    shown = {"dtype_changes": _casts_shown, "lora_rounding": _rounding_shown}
     for key in REPORTED:
         if key in result:
-            console.print(f"{key}: {result[key]}" if key != "dtype_changes" else _casts_shown(result[key]))
+            console.print(shown[key](result[key]) if key in shown else f"{key}: {result[key]}")
     if result.get("tokenizer_files"):
         console.print(f"tokenizer files: {', '.join(result['tokenizer_files'])}")
     if "tokenizer_note" in result:
         console.print(result["tokenizer_note"])
     console.print(f"wrote {result['dst']}")
     return 0
+
+
+def _rounding_shown(rounding: dict) -> str:
+    """``lora_rounding`` for people.
+
+    Example:
+        >>> print(_rounding_shown({"dtype": "bfloat16", "relative_delta_error": 0.123,
+        ...                        "worst": "blocks.mlp.up", "worst_relative_delta_error": 0.2}))
+        lora_rounding: bfloat16 merged kernels lose 12.3% of the LoRA update (blocks.mlp.up: 20.0%)
+          (the relative error of the update after rounding; --dtype float32 keeps it whole)
+    """
+    dtype = "16-bit" if rounding["dtype"] == "kept" else rounding["dtype"]
+    worst, error = rounding["worst"], rounding["worst_relative_delta_error"]
+    where = f" ({worst}: {error:.1%})" if worst else ""
+    return (
+        f"lora_rounding: {dtype} merged kernels lose {rounding['relative_delta_error']:.1%} of the LoRA "
+        f"update{where}\n  (the relative error of the update after rounding; --dtype float32 keeps it whole)"
+    )
 
 
 def _casts_shown(casts: list) -> str:

@@ -2,11 +2,15 @@
 
 An adapted projection computes ``x @ kernel + scale * (x @ a @ b)``, so the plain
 projection with ``kernel + scale * a @ b`` computes the same. The sum is taken in fp32 and
-cast back to the kernel's own dtype (a bf16 base is exported bf16), so that the adapter's
-small update is not rounded away before it reaches the base.
+cast once, to the dtype the export asks for (``dtype``; by default the kernel's own: a bf16
+base is exported bf16). A 16-bit merged kernel cannot hold all of a small update: a bf16
+kernel has 8 bits of mantissa, and an update below half of its spacing is lost whole.
+``delta_rounding`` measures that loss, so an export can say what it costs.
 """
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 from flax import nnx
@@ -33,11 +37,16 @@ def lora_paths(params: Mapping, prefix: str = "") -> list[str]:
     return found
 
 
-def merge_lora(params: "Mapping | nnx.State", config: TransformerConfig) -> tuple[dict, TransformerConfig]:
+def merge_lora(
+    params: "Mapping | nnx.State", config: TransformerConfig, dtype: "str | np.dtype | None" = None
+) -> tuple[dict, TransformerConfig]:
     """``(params, config)`` of the plain model that computes what the LoRA model does.
 
     Each adapted kernel becomes ``kernel + config.lora.scale * a @ b``, computed in fp32 and
-    cast to the kernel's dtype; the adapters are dropped, and the config loses ``lora``.
+    cast once, to ``dtype`` (default: the kernel's own); the adapters are dropped, and the
+    config loses ``lora``. Pass the dtype the export writes: a bf16 kernel merged for a
+    float32 file must not be rounded through bf16 first (``delta_rounding`` measures what a
+    16-bit merge loses).
     Every other parameter is passed through as it is (not copied). A config without
     ``lora`` is returned as it is, with its parameters.
 
@@ -45,6 +54,8 @@ def merge_lora(params: "Mapping | nnx.State", config: TransformerConfig) -> tupl
         params: the model's ``nnx.Param`` state or its pure dict (a stacked kernel
             ``[L, d_in, d_out]`` with ``lora.lora_a [L, d_in, r]``, ``lora.lora_b [L, r, d_out]``).
         config: its config.
+        dtype: the dtype of the merged kernels (``"float32"``, ``"bfloat16"``...); None
+            keeps each kernel's own. Other parameters are not cast.
 
     Raises:
         ValueError: for adapters in ``params`` when ``config.lora`` is None (named), an
@@ -80,17 +91,79 @@ def merge_lora(params: "Mapping | nnx.State", config: TransformerConfig) -> tupl
             "export; write the adapter alone (write_peft_adapter, or jaxckpt convert --to torch "
             "--adapter-only) and apply it to the original base"
         )
-    return _merged(params, config.lora.scale, ""), config.replace(lora=None, quantize_base=None)
+    merge = functools.partial(_merged_kernel, scale=config.lora.scale, dtype=dtype)
+    return _merged(params, merge, ""), config.replace(lora=None, quantize_base=None)
 
 
-def _merged(node: Mapping, scale: float, path: str) -> dict:
-    """``node`` with every adapted projection under it merged."""
+def _merged(node: Mapping, merge: Callable[[Mapping, str], Any], path: str) -> dict:
+    """``node`` with every adapted projection under it replaced by ``merge(projection, path)``."""
     if LORA not in node:
-        return {k: _merged(v, scale, f"{path}{k}.") if isinstance(v, Mapping) else v for k, v in node.items()}
+        return {k: _merged(v, merge, f"{path}{k}.") if isinstance(v, Mapping) else v for k, v in node.items()}
     if "kernel" not in node:
         raise ValueError(f"{path}{LORA}: an adapter without its base kernel ({path}kernel is missing)")
-    adapter = node[LORA]
-    kernel = np.asarray(node["kernel"])
-    a, b = (np.asarray(adapter[name], np.float32) for name in ("lora_a", "lora_b"))
-    merged = (kernel.astype(np.float32) + np.float32(scale) * np.matmul(a, b)).astype(kernel.dtype)
-    return {k: merged if k == "kernel" else v for k, v in node.items() if k != LORA}
+    return {k: merge(node, path) if k == "kernel" else v for k, v in node.items() if k != LORA}
+
+
+def _kernel_and_delta(node: Mapping, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """An adapted projection's base kernel (as stored) and its update ``scale * a @ b`` in fp32."""
+    a, b = (np.asarray(node[LORA][name], np.float32) for name in ("lora_a", "lora_b"))
+    return np.asarray(node["kernel"]), np.float32(scale) * np.matmul(a, b)
+
+
+def _merged_kernel(node: Mapping, path: str, scale: float, dtype) -> np.ndarray:
+    kernel, delta = _kernel_and_delta(node, scale)
+    return (kernel.astype(np.float32) + delta).astype(dtype or kernel.dtype)
+
+
+def delta_rounding(
+    params: "Mapping | nnx.State", config: TransformerConfig, dtype: "str | np.dtype | None" = None
+) -> dict:
+    """What a merge into ``dtype`` (default: each kernel's own) loses of the adapters' update.
+
+    For each adapted kernel ``W`` with update ``D = scale * a @ b``, the update the merged
+    kernel keeps is ``cast(W + D) - cast(W)`` (the base's own rounding set apart); its
+    relative error is ``|kept - D| / |D|`` (Frobenius norms). 0 means the update is kept
+    whole; 1 means it is lost (a bf16 kernel whose update is below half its spacing).
+
+    Returns:
+        ``{"dtype", "relative_delta_error", "worst", "worst_relative_delta_error"}``: the
+        error over all adapted kernels together, and the kernel with the largest one (its
+        dotted path). ``dtype`` is the merged kernels' dtype, or ``"kept"`` for their own.
+        Kernels whose update is zero (``b = 0`` at init) are left out; with none left the
+        errors are 0.0 and ``worst`` is None.
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24, lora=3)
+        >>> kernel = np.full((1, 16, 24), 1.0, np.float32)
+        >>> up = {"kernel": kernel, "lora": {"lora_a": np.full((1, 16, 3), 1e-2, np.float32),
+        ...                                  "lora_b": np.full((1, 3, 24), 1e-2, np.float32)}}
+        >>> params = {"blocks": {"mlp": {"up": up}}}
+        >>> delta_rounding(params, cfg, "float32")["relative_delta_error"] < 1e-3  # fp32's own rounding
+        True
+        >>> delta_rounding(params, cfg, "bfloat16")["relative_delta_error"]  # 3e-4 below bf16's 2**-8 at 1.0
+        1.0
+    """
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    scale = config.lora.scale if config.lora is not None else 1.0
+    errors: dict[str, tuple[float, float]] = {}
+
+    def measure(node: Mapping, path: str) -> None:
+        kernel, delta = _kernel_and_delta(node, scale)
+        out = dtype or kernel.dtype
+        base = kernel.astype(out).astype(np.float32)
+        kept = (kernel.astype(np.float32) + delta).astype(out).astype(np.float32) - base
+        errors[path.rstrip(".")] = (float(np.sum((kept - delta) ** 2)), float(np.sum(delta**2)))
+
+    _merged(params, measure, "")
+    nonzero = {path: (err, norm) for path, (err, norm) in errors.items() if norm > 0}
+    total = sum(norm for _, norm in nonzero.values())
+    relative = {path: float(np.sqrt(err / norm)) for path, (err, norm) in nonzero.items()}
+    worst = max(relative, key=relative.get, default=None)
+    return {
+        "dtype": str(np.dtype(dtype)) if dtype is not None else "kept",
+        "relative_delta_error": float(np.sqrt(sum(e for e, _ in nonzero.values()) / total)) if total else 0.0,
+        "worst": worst,
+        "worst_relative_delta_error": relative.get(worst, 0.0),
+    }
