@@ -302,10 +302,11 @@ def test_a_lora_trained_on_a_bf16_base_exports_merged_float32_exactly(tmp_path, 
     effect = np.abs(theirs - _torch_logits(transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base")))
     assert effect.max() >= 1e-3, effect.max()
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
-    print(f"adapter effect {effect.max():.3g}, peft vs merged fp32 {np.abs(ours - theirs).max():.3g}")
 
     bf16 = _run(capsys, "convert", str(trained), str(tmp_path / "bf16"), "--to", "torch")
     rounding = bf16["lora_rounding"]  # the base is bf16: so is the merged export, by default
     assert rounding["dtype"] == "kept" and 0 < rounding["relative_delta_error"] <= 1, rounding
     assert rounding["worst"].startswith("blocks.attn."), rounding
-    print("bf16 merge:", rounding)
+    with capsys.disabled():  # the figures of the closing note (printed last: _run reads stdout)
+        print(f"\nadapter effect {effect.max():.3g}, peft vs merged fp32 {np.abs(ours - theirs).max():.3g}")
+        print("bf16 merge:", rounding)
