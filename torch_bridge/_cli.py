@@ -25,7 +25,7 @@ from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpo
 from torch_bridge._archs import ARCHITECTURES, architecture
 from torch_bridge._atomic import atomic_output, writing
 from torch_bridge._convert import export_order, export_state_dict, flatten, listing, model_class, unflatten
-from torch_bridge._merge import delta_rounding, lora_paths, merge_lora
+from torch_bridge._merge import lora_paths, merge_lora, sixteen_bit_rounding
 from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of
 from torch_bridge._peft import adapter_tensors, write_peft_adapter
 from torch_bridge._peft_load import peft_lora_config, read_peft_adapter
@@ -232,7 +232,7 @@ def to_torch(args: argparse.Namespace) -> dict:
         return _adapter_only(args, src, dst, config, params, stored)
     merged = lora_paths(params) if config.lora is not None else []
     name = DTYPES[args.dtype] if args.dtype is not None else None
-    rounding = _lora_rounding(params, config, name) if merged else None
+    rounding = sixteen_bit_rounding(params, config, name) if merged else None
     params, config = merge_lora(params, config, name)  # summed in fp32, cast once to --dtype
     order = export_order(arch, config)
     casts = []
@@ -292,19 +292,6 @@ def _tokenizer(src: Path, dst: Path, to: str, copied: list[str]) -> dict:
     if copied:
         return {"tokenizer_files": copied}
     return {"tokenizer_files": [], "tokenizer_note": NO_TOKENIZER[to].format(src=src, dst=dst)}
-
-
-SIXTEEN_BIT = ("bfloat16", "float16")
-
-
-def _lora_rounding(params: dict, config: TransformerConfig, name: str | None) -> dict | None:
-    """The summary's ``lora_rounding`` (``delta_rounding``) when a merged kernel is written in
-    16 bits (``--dtype bfloat16``/``float16``, or a 16-bit base without ``--dtype``): the
-    share of the adapters' update that rounding loses. None for 32-bit kernels."""
-    kernels = [np.asarray(flatten(params)[f"{path}.kernel"]).dtype for path in lora_paths(params)]
-    if not any(str(name or dtype) in SIXTEEN_BIT for dtype in kernels):
-        return None
-    return delta_rounding(params, config, name)
 
 
 def _casts(order, params: dict, name: str) -> list[tuple[str, str, str]]:

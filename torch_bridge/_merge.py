@@ -167,3 +167,29 @@ def delta_rounding(
         "worst": worst,
         "worst_relative_delta_error": relative.get(worst, 0.0),
     }
+
+
+SIXTEEN_BIT = ("bfloat16", "float16")
+
+
+def sixteen_bit_rounding(params: Mapping, config: TransformerConfig, dtype: "str | None") -> dict | None:
+    """``delta_rounding`` when a merged kernel is written in 16 bits (``dtype`` bf16/fp16, or a
+    16-bit kernel with ``dtype`` None: ``convert --to torch``'s ``lora_rounding``); None when
+    every merged kernel is written in 32 bits.
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24, lora=3)
+        >>> ones = lambda *shape: np.ones(shape, np.float32)
+        >>> up = {"kernel": ones(1, 16, 24), "lora": {"lora_a": ones(1, 16, 3), "lora_b": ones(1, 3, 24)}}
+        >>> params = {"blocks": {"mlp": {"up": up}}}
+        >>> sixteen_bit_rounding(params, cfg, None) is None  # fp32 kernels, written as they are
+        True
+        >>> sixteen_bit_rounding(params, cfg, "bfloat16")["dtype"]
+        'bfloat16'
+    """
+    kernels = []
+    _merged(params, lambda node, path: kernels.append(np.asarray(node["kernel"]).dtype), "")
+    if not any(str(dtype or kernel) in SIXTEEN_BIT for kernel in kernels):
+        return None
+    return delta_rounding(params, config, dtype)
