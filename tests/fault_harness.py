@@ -319,16 +319,21 @@ def disk_full_and_resume(
             report.failures.append(f"{directory.name}: {problem}")
             continue
         report.clean_exits += 1
-        rest = run_process(workdir, reference.args, directory)
-        if rest.returncode == 0 and check_round(Report(), directory, [proc, rest], reference):
-            report.resumed_identically += 1
-        else:
-            report.failures.append(f"{directory.name}: the resume differed or failed: {rest.stderr[-1500:]}")
+        resume_to_the_end(workdir, reference, directory, proc, report, directory.name)
     return report
 
 
-LOG_NAME = "checkpoint-errors.log"
-"""The log file a failed save writes its orbax reports to (``jaxckpt.train.CHECKPOINT_LOG``)."""
+def resume_to_the_end(
+    workdir: Path, reference: Reference, directory: Path, stopped: Process, report: DiskFull, label: str
+) -> None:
+    """Resumes ``directory`` after the ``stopped`` run, on a disk with room again, and counts in
+    ``report`` whether the two reproduce the reference bit for bit."""
+    rest = run_process(workdir, reference.args, directory)
+    if rest.returncode == 0 and check_round(Report(), directory, [stopped, rest], reference):
+        report.resumed_identically += 1
+    else:
+        report.failures.append(f"{label}: the resume differed or failed: {rest.stderr[-1500:]}")
+
 
 DISK_FULL_STAGES = {
     "array data": (1, "FULL"),  # RLIMIT_FSIZE from the save's first call: tensorstore's writes fail
@@ -343,10 +348,13 @@ jaxckpt's ``jaxckpt.json``."""
 
 def one_line_failure(proc: Process, directory: Path, packed: bool) -> str | None:
     """What is wrong with a run stopped by a failed checkpoint write, or None: it must exit 2
-    with exactly one line on stderr (``run_stderr``), naming the directory, the step and the log file, which
-    holds the detail; the latest step is complete and no temporary is left."""
+    with exactly one line on stderr (``run_stderr``), naming the directory, the step and the
+    log file (``CHECKPOINT_LOG``), which holds the detail; the latest step is complete and no
+    temporary is left."""
+    from jaxckpt.train import CHECKPOINT_LOG
+
     lines = run_stderr(proc)
-    log = directory / LOG_NAME
+    log = directory / CHECKPOINT_LOG
     if proc.returncode != 2:
         return f"exit {proc.returncode}: {proc.stderr[-1500:]}"
     if len(lines) != 1 or not lines[0].startswith("jaxckpt train: error:"):
@@ -376,9 +384,5 @@ def disk_full_at_stage(workdir: Path, reference: Reference, stage: str, runs: in
             continue
         report.clean_exits += 1
         if n == 0:
-            rest = run_process(workdir, reference.args, directory)
-            if rest.returncode == 0 and check_round(Report(), directory, [proc, rest], reference):
-                report.resumed_identically += 1
-            else:
-                report.failures.append(f"{stage}: the resume differed or failed: {rest.stderr[-1500:]}")
+            resume_to_the_end(workdir, reference, directory, proc, report, stage)
     return report

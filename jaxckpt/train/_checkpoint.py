@@ -100,7 +100,7 @@ def save_checkpoint(
 
     Raises:
         CheckpointWriteError: the write failed (a full disk, say). The error is one line
-            naming the directory, the step, the reason and the log file (``LOG_NAME``, in
+            naming the directory, the step, the reason and the log file (``CHECKPOINT_LOG``, in
             ``directory``) that holds orbax's reports of the failure with their tracebacks;
             none of them reaches stderr (``_orbax_quiet``). The partial step is removed and
             the previous checkpoint stays the latest, intact.

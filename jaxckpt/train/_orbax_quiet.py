@@ -173,15 +173,14 @@ class _OrbaxReports(logging.Filter):
         return True
 
 
-def _hook(name: str, wrap) -> None:
-    """Replaces ``sys``/``threading``/``warnings`` hook ``name`` by ``wrap(previous)``, once."""
-    owner, attr = name.rsplit(".", 1)
-    module = {"sys": sys, "threading": threading, "warnings": warnings}[owner]
-    previous = getattr(module, attr)
+def _hook(owner, name: str, wrap) -> None:
+    """Replaces ``owner.name`` (a hook of ``sys``, ``threading`` or ``warnings``) by
+    ``wrap(previous)``, once."""
+    previous = getattr(owner, name)
     if not getattr(previous, "holds_orbax_reports", False):
         hook = wrap(previous)
         hook.holds_orbax_reports = True
-        setattr(module, attr, hook)
+        setattr(owner, name, hook)
 
 
 def _unraisable(previous):
@@ -225,6 +224,6 @@ def quiet_orbax_failures() -> None:
     for logger in map(logging.getLogger, LOGGERS):
         if not any(isinstance(f, _OrbaxReports) for f in logger.filters):
             logger.addFilter(_OrbaxReports())
-    _hook("sys.unraisablehook", _unraisable)
-    _hook("threading.excepthook", _thread_exception)
-    _hook("warnings.showwarning", _show_warning)
+    _hook(sys, "unraisablehook", _unraisable)
+    _hook(threading, "excepthook", _thread_exception)
+    _hook(warnings, "showwarning", _show_warning)
