@@ -1,6 +1,6 @@
 """Kill ``jaxckpt train`` at random moments, and fill its disk, then resume: nothing lost.
 
-The harness is ``tests/fault_harness.py`` (``tests/test_faults_kill.py`` runs 10 kills in
+The harness is ``tests/_support/fault_harness.py`` (``tests/reliability/test_faults_kill.py`` runs 10 kills in
 CI): SIGKILLs from outside after a random delay and self-kills at a random file-system call
 of a checkpoint write, each followed by ``--resume``; every round is compared, bit for bit,
 with an uninterrupted run of the same command (losses and final arrays). Then the disk fills
@@ -25,7 +25,7 @@ import _results
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "_support"))
 import fault_harness as harness
 
 RESULTS = Path(__file__).parent / "results" / "faults.json"
@@ -33,7 +33,7 @@ STEPS, EVERY = 8, 2
 
 
 def _records(workdir: Path) -> Path:
-    """The packed stream of ``tests/test_faults_kill.py``: its data state must resume too."""
+    """The packed stream of ``tests/reliability/test_faults_kill.py``: its data state must resume too."""
     data = workdir / "records.jsonl"
     text = "the quick brown fox jumps over the lazy dog "
     lines = (json.dumps({"text": f"record {i}: " + text * (i % 5 + 1)}) + "\n" for i in range(97))

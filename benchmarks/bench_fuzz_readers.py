@@ -1,8 +1,9 @@
 """Fuzzed readers: N corrupted inputs per reader, and what each reader made of them.
 
-The cases are those of ``tests/test_fuzz_readers.py``, from ``tests/fuzz_cases.py``: for each
-reader (safetensors, ``.bin``/``.pt``, ``config.json``, ``tokenizer.json``, jsonl, parquet, an
-orbax checkpoint with its ``jaxckpt.json``) its mutations in turn, case ``i`` seeded with ``i``.
+The cases are those of ``tests/reliability/test_fuzz_readers.py``, from
+``tests/_support/fuzz_cases.py``: for each reader (safetensors, ``.bin``/``.pt``,
+``config.json``, ``tokenizer.json``, jsonl, parquet, an orbax checkpoint with its
+``jaxckpt.json``) its mutations in turn, case ``i`` seeded with ``i``.
 Each outcome is one of:
 
 - a clean error: a ValueError or OSError (``jaxckpt`` exits 2), one line, naming the file (and
@@ -33,7 +34,7 @@ import _results
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "_support"))
 import fuzz_cases as fc
 
 RESULTS = Path(__file__).parent / "results" / "fuzz_readers.json"

@@ -1,7 +1,7 @@
 """Planner accuracy per model family: ``plan.predict`` against ``plan.measure`` for every family.
 
 One row per family x remat preset: the predicted and measured peak of one train step and
-the error. The configs are those of the test grid (``tests/plan_family_cases.py``) (each family's
+the error. The configs are those of the test grid (``tests/_support/plan_family_cases.py``) (each family's
 preset shrunk to odd sizes in a real model's proportions, its own ops kept), B=2, T=1536,
 AdamW. Memory is XLA's compiled memory analysis (XLA:CPU here): exact and free of noise,
 nothing is run.
@@ -24,7 +24,7 @@ import jax
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "_support"))
 from plan_family_cases import BATCH, FAMILIES, SEQ, family_config
 
 from jaxckpt import plan

@@ -8,10 +8,10 @@ Parts:
 
 1. **contract**: every GPU attention implementation (the available ones but "reference":
    blockwise, xla, cudnn, pallas if registered) in bfloat16 on 10 cases of
-   ``tests/attention_cases.py`` (MHA, GQA, then each feature alone on the GQA shape), out,
+   ``tests/_support/attention_cases.py`` (MHA, GQA, then each feature alone on the GQA shape), out,
    lse and gradients against ``attention_reference`` (fp32 math, run at "highest" matmul
    precision so that no TF32 enters the ground truth) with the bf16 tolerances of
-   ``tests/tolerances.py``; a feature outside ``Implementation.supports`` is a skip.
+   ``tests/_support/tolerances.py``; a feature outside ``Implementation.supports`` is a skip.
 2b. **pallas**: the Pallas kernel's grid (``_pallas_speed.py``): bf16 fwd and fwd+bwd
    TFLOP/s, T in {1k, 4k, 16k, 32k}, H in {64, 128}, causal and not, against cuDNN and
    JAX's own Pallas attention in the same run.
@@ -80,7 +80,9 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 # Each process takes what it uses: this one holds a context only, the children one at a time.
 os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.92"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # attention_cases, tolerances
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "tests" / "_support")
+)  # attention_cases, tolerances
 
 import jax
 import jax.numpy as jnp

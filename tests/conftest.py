@@ -7,7 +7,11 @@ removed with ``--ignore``.
 """
 
 import os
+import sys
 from pathlib import Path
+
+# The shared helpers of the suite (cases, tolerances, harnesses) live in tests/_support/.
+sys.path.insert(0, str(Path(__file__).parent / "_support"))
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 # XLA's persistent compilation cache, shared by the xdist workers and the subprocesses the

@@ -1,7 +1,7 @@
 """The fields of every named ``TransformerConfig`` preset, as plain data.
 
 One entry per preset. The published models take their sizes from their Hugging Face
-``config.json``; ``tests/test_presets.py`` checks each parameter count against the
+``config.json``; ``tests/nn/test_presets.py`` checks each parameter count against the
 published one.
 """
 

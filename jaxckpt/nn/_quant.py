@@ -15,7 +15,7 @@ Each block of each output column keeps one fp32 scale, its absmax:
 
 On normal(0.02) kernels the relative RMS error is 0.092 (nf4) and 0.0059 (int8); the
 logits of random tiny models move by 0.06 - 0.25 (nf4) and 0.004 - 0.017 (int8) of their
-norm, growing with width and depth (``tests/test_nn_quant.py``). Every block projection
+norm, growing with width and depth (``tests/nn/test_nn_quant.py``). Every block projection
 is quantized, adapted or not; the embedding and the output head are not (as bitsandbytes
 keeps ``lm_head``).
 

@@ -10,7 +10,7 @@ one-line error and then hung for five minutes (and so did a test worker).
 ``release_stranded_threads`` cancels the threads that the failed save started and sends them
 the signals they wait for: each wakes, sees that it is cancelled and ends without running
 its part (nothing more is written). It reads two attributes of orbax's ``_SignalingThread``
-(the signals it waits for and its operation id); ``tests/test_checkpoint_write_faults.py``
+(the signals it waits for and its operation id); ``tests/reliability/test_checkpoint_write_faults.py``
 fails if they change.
 """
 

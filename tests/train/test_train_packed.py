@@ -22,7 +22,7 @@ class Packed(NamedTuple):
     positions: np.ndarray
 
 
-CASES = {  # windows, NoPE and the other position schemes: tests/test_nn_packed_and_cache.py
+CASES = {  # windows, NoPE and the other position schemes: tests/nn/test_nn_packed_and_cache.py
     "llama": ("tiny", dict(n_layers=1)),
     "gpt2": ("gpt2", dict(n_layers=1, n_kv_heads=3)),  # learned positions
 }

@@ -1,4 +1,4 @@
-"""One process of a multi-process CPU run; ``tests/test_multihost.py`` starts two.
+"""One process of a multi-process CPU run; ``tests/train/test_multihost.py`` starts two.
 
 Usage: ``python multihost_check.py HOST:PORT NUM_PROCESSES PROCESS_ID CHECKPOINT_DIR OUT_JSON``,
 with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (two devices per process).

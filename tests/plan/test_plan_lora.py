@@ -126,7 +126,7 @@ def test_bad_new_fields_are_named(fields, match):
 
 
 def test_host_master_weights_are_priced_and_compiled():
-    """The masters leave the device (predicted and compiled: ``tests/test_train_master.py``
+    """The masters leave the device (predicted and compiled: ``tests/train/test_train_master.py``
     checks the accuracy on ``small``); the device holds their 16-bit copies."""
     w = plan.Workload(CONFIG.replace(dtype="bfloat16"), BATCH, SEQ, master_placement="host")
     on_device = plan.predict(w.replace(master_placement="device"), "full")

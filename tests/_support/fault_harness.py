@@ -3,7 +3,7 @@
 A *round* trains one checkpoint directory to the end through killed processes: each
 process runs ``jaxckpt train ... --checkpoint-dir D --resume`` and is killed, with
 SIGKILL, either from outside after a random delay, or by itself just before a random
-file-system call of a checkpoint write (``tests/fault_child.py``). The next process
+file-system call of a checkpoint write (``tests/_support/fault_child.py``). The next process
 resumes. When one finishes, the round is checked against an uninterrupted run of the
 same command:
 
@@ -14,7 +14,7 @@ same command:
   and the final checkpoint's arrays are bit-identical to its final checkpoint's;
 - no temporary directory or file is left in the directory.
 
-``tests/test_faults_kill.py`` runs 10 kills; ``benchmarks/bench_faults.py`` runs 100.
+``tests/reliability/test_faults_kill.py`` runs 10 kills; ``benchmarks/bench_faults.py`` runs 100.
 """
 
 import dataclasses

@@ -1,5 +1,5 @@
 """One process of a multi-process CPU run that the other process may outlive;
-``tests/test_multihost_failure.py`` starts two and SIGKILLs one.
+``tests/reliability/test_multihost_failure.py`` starts two and SIGKILLs one.
 
 Usage: ``python multihost_die.py PROGRESS -- <jaxckpt train arguments>``
 

@@ -44,7 +44,7 @@ from jaxckpt.attention import available_implementations, implementations
 IMPLS = available_implementations()
 # "reference" against itself only checks dispatch, so it runs on the small grids only; so do
 # npu_backend's CPU stand-ins (a host-callback model of the NPU op, and the FFI CPU kernel),
-# whose own suites (tests/test_npu_*.py) cover every feature and pair at small sizes.
+# whose own suites (tests/npu_backend/) cover every feature and pair at small sizes.
 SMALL_GRID_ONLY = {"reference", "npu_reference", "npu_ffi"}
 KERNELS = [impl for impl in IMPLS if impl not in SMALL_GRID_ONLY]
 # Off a GPU "pallas" runs its kernels in the Pallas interpreter (about 3 s a case): it takes

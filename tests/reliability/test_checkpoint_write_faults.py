@@ -5,7 +5,7 @@ a time; every time, the save either raises one ``CheckpointWriteError`` naming t
 directory and the step, with the previous checkpoint still the latest, loadable and
 unchanged, and nothing temporary left, or (a call whose failure orbax survives) it
 completes. The write through orbax's C++ array writer is failed for real in
-``tests/test_faults_kill.py`` (``RLIMIT_FSIZE``: a disk that fills mid-run).
+``tests/reliability/test_faults_kill.py`` (``RLIMIT_FSIZE``: a disk that fills mid-run).
 """
 
 import builtins

@@ -217,4 +217,4 @@ def test_a_quantized_base_from_a_plain_checkpoint(tmp_path):
     tokens = _tokens()[0]
     want = train.initial_model(cfg.replace(lora=None), 0, tmp_path / "base")(tokens)
     rel = float(jnp.abs(model(tokens) - want).max() / jnp.abs(want).max())
-    assert rel < 0.02  # int8's documented bound (tests/test_nn_quant.py)
+    assert rel < 0.02  # int8's documented bound (tests/nn/test_nn_quant.py)

@@ -214,7 +214,7 @@ def _shard_mapped_pallas(check_vma: bool):
 
 def test_interpreted_pallas_in_shard_map_says_check_vma_or_blockwise():
     """JAX's Pallas interpreter fails on varying-axis types; the GPU kernel does not
-    (``tests/test_gpu_compile_pallas.py``). Without check_vma it runs and is exact."""
+    (``tests/attention/test_gpu_compile_pallas.py``). Without check_vma it runs and is exact."""
     with pytest.raises(NotImplementedError) as excinfo:
         _shard_mapped_pallas(check_vma=True)
     _check_message(excinfo, ["Pallas interpreter", "check_vma=False", "blockwise"])

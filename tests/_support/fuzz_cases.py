@@ -1,4 +1,4 @@
-"""Corrupted inputs for every reader: the cases of ``tests/test_fuzz_readers.py`` and
+"""Corrupted inputs for every reader: the cases of ``tests/reliability/test_fuzz_readers.py`` and
 ``benchmarks/bench_fuzz_readers.py``, which import them from here.
 
 ``READERS`` holds one ``fuzz_mutations.Reader`` per reader: safetensors, ``.bin``/``.pt``,

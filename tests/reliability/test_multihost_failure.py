@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_multihost import free_port
+from ports import free_port
 
 from jaxckpt.train import _distributed
 from jaxckpt.train._distributed import LOST_PEER_EXIT
 
-SCRIPT = Path(__file__).with_name("multihost_die.py")
+SCRIPT = Path(__file__).parents[1] / "_support" / "multihost_die.py"
 HEARTBEAT_S = 10
 START_DEADLINE_S = 300  # both processes start, compile and finish a step (a loaded CI machine)
 EXIT_BOUND_S = HEARTBEAT_S + 50  # measured: 0.4 s (process 0 killed), 8-10 s (the heartbeat cases)

@@ -1,4 +1,4 @@
-"""One ``jaxckpt train`` process of the fault-injection harness (``tests/fault_harness.py``).
+"""One ``jaxckpt train`` process of the fault-injection harness (``tests/_support/fault_harness.py``).
 
 Usage: ``python fault_child.py PROGRESS KILL_AT ACTION -- <jaxckpt train arguments>``
 

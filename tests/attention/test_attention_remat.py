@@ -129,7 +129,7 @@ def _pallas_model(x, w_qkv, w_out):
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_pallas_saves_the_same_tagged_residuals(policy, capsys):
     """The Pallas kernel's out and lse are the tagged residuals too (that the compiled step
-    then runs one forward kernel, not two, is in tests/test_gpu_compile_pallas.py)."""
+    then runs one forward kernel, not two, is in tests/attention/test_gpu_compile_pallas.py)."""
     jax.ad_checkpoint.print_saved_residuals(jax.checkpoint(_pallas_model, policy=POLICIES[policy]), *_args())
     printed = capsys.readouterr().out
     named = {tag for tag in ("attn_out", "attn_lse") if f"named '{tag}'" in printed}

@@ -17,7 +17,7 @@ import pytest
 
 from jaxckpt import plan
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 SECTIONS = ("meta", "contract", "throughput", "pallas", "train", "jobs")
 REMATS = ("none", "full", "save_attn", "minimal", "dots")
 

@@ -1,4 +1,4 @@
-"""Kill ``jaxckpt train`` at any moment, lose nothing (``tests/fault_harness.py``).
+"""Kill ``jaxckpt train`` at any moment, lose nothing (``tests/_support/fault_harness.py``).
 
 SIGKILL at random moments, some inside checkpoint writes: every resume succeeds, the
 latest step is always complete, the losses and the final arrays are bit-identical to

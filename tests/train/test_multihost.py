@@ -3,7 +3,6 @@ collectives), against a single-process, single-device run; and the argument chec
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,18 +10,13 @@ from pathlib import Path
 
 import pytest
 from multihost_check import BATCH, LAYERS, SEQ, STEPS
+from ports import free_port
 
 from jaxckpt import nn, train
 
-SCRIPT = Path(__file__).with_name("multihost_check.py")
+SCRIPT = Path(__file__).parents[1] / "_support" / "multihost_check.py"
 PROCESSES = 2
 DEADLINE_S = 240  # a hang (a process that never joins) fails the test instead of blocking CI
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reference_losses() -> list[float]:
