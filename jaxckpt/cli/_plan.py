@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.measure import Measurement
 
 from jaxckpt import nn, plan, remat
+from jaxckpt.cli._common import add_lora_arguments, add_optimizer_arguments
 from jaxckpt.cli._flags import FLAGS, flag_message
 from jaxckpt.cli._plan_table import attempts_line, chosen_line, compiler_label, table
 
@@ -51,16 +52,6 @@ PLAN_FLAGS = {
 }
 """Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
 has the rest)."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def _size(text: str) -> int:
@@ -114,22 +105,7 @@ def add_parser(sub) -> None:
         "is split over them and every candidate is compiled over N devices (a GPU --device's, or "
         "simulated CPU devices)",
     )
-    p.add_argument("--optimizer", default="adamw", choices=list(plan.OPTIMIZERS), help="default: adamw")
-    p.add_argument(
-        "--moments-dtype",
-        choices=[d for d in plan.MOMENTS_DTYPES if d],
-        help="dtype of the optimizer state; default: the trained parameters' (as jaxckpt train)",
-    )
-    p.add_argument(
-        "--offload-optimizer",
-        action="store_true",
-        help="the optimizer state in host memory, streamed leaf by leaf (priced at the device's host link)",
-    )
-    p.add_argument(
-        "--offload-master",
-        action="store_true",
-        help="a full fine-tuning's float32 master weights in host memory, 16-bit copies on the device",
-    )
+    add_optimizer_arguments(p, loss_scale=False)
     p.add_argument(
         "--dtype",
         choices=nn.DTYPES,
@@ -141,16 +117,7 @@ def add_parser(sub) -> None:
         help="parameter storage dtype; default: the model's (with --lora: bfloat16; or --device's 16-bit "
         "type)",
     )
-    lora = p.add_argument_group("LoRA", "plan for training low-rank adapters only (as jaxckpt train --lora)")
-    lora.add_argument("--lora", type=_positive_int, metavar="R", help="adapters of rank R on --lora-targets")
-    lora.add_argument(
-        "--lora-targets",
-        default="q,k,v,o",
-        help=f"comma-separated projections to adapt, of {','.join(nn.LORA_TARGETS)} (default q,k,v,o)",
-    )
-    lora.add_argument(
-        "--quantize-base", choices=nn.QUANTIZATIONS, help="the frozen base stored quantized (QLoRA)"
-    )
+    add_lora_arguments(p, training=False)
     p.add_argument(
         "--micro-batches",
         type=int,

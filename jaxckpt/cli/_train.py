@@ -9,6 +9,7 @@ from rich.console import Console
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import implementations
+from jaxckpt.cli._common import OPTIMIZER_FLAGS, add_lora_arguments, add_optimizer_arguments
 
 
 def add_parser(sub) -> None:
@@ -38,26 +39,14 @@ def add_parser(sub) -> None:
         choices=nn.DTYPES,
         help="parameter storage dtype; default: the config's (with --lora: bfloat16 for the frozen base)",
     )
-    lora = p.add_argument_group("LoRA", "train low-rank adapters only; the base is frozen")
-    lora.add_argument("--lora", type=int, metavar="R", help="adapters of rank R on --lora-targets")
-    lora.add_argument("--lora-alpha", type=float, help="the adapters' output scale is alpha / R (default R)")
-    lora.add_argument(
-        "--lora-targets",
-        default="q,k,v,o",
-        help=f"comma-separated projections to adapt, of {','.join(nn.LORA_TARGETS)} (default q,k,v,o)",
-    )
-    lora.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
-    lora.add_argument(
-        "--quantize-base",
-        choices=nn.QUANTIZATIONS,
-        help="store the frozen base quantized (QLoRA), dequantized inside each matmul",
-    )
+    add_lora_arguments(p, training=True)
     p.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
     p.add_argument("--micro-batches", type=int, default=1, help="micro-batches accumulated per step")
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=100, help="total steps (a resumed run continues up to it)")
     p.add_argument("--lr", type=float, default=train.OptimizerConfig.learning_rate, help="peak learning rate")
     add_optimizer_arguments(p)
+    p.set_defaults(flags=OPTIMIZER_FLAGS)
     add_data_arguments(p)
     p.add_argument("--eval-data", help="held-out data (a file as --data) for the eval loss and perplexity")
     p.add_argument(
@@ -235,48 +224,6 @@ def _lora_overrides(args: argparse.Namespace) -> dict:
     if args.param_dtype is None:
         out["param_dtype"] = "bfloat16"
     return out
-
-
-OPTIMIZER_FLAGS = {
-    "name": "--optimizer",
-    "moments_dtype": "--moments-dtype",
-    "offload": "--offload-optimizer",
-    "offload_master": "--offload-master",
-    "loss_scale": "--loss-scale",
-}
-"""``OptimizerConfig``'s fields -> the flags that set them (for error messages)."""
-
-
-def add_optimizer_arguments(p) -> None:
-    """``--optimizer``, ``--moments-dtype``, ``--offload-optimizer``, ``--offload-master`` and
-    ``--loss-scale``."""
-    p.add_argument("--optimizer", choices=train.OPTIMIZERS, default="adamw", help="default: adamw")
-    p.add_argument(
-        "--moments-dtype",
-        choices=train.MOMENTS_DTYPES,
-        help="dtype of the optimizer state (both AdamW moments); default: the parameters' "
-        "(float32 for float16 ones)",
-    )
-    p.add_argument(
-        "--offload-optimizer",
-        action="store_true",
-        help="keep the optimizer state in pinned host memory, updated leaf by leaf (on CPU: saves nothing)",
-    )
-    p.add_argument(
-        "--offload-master",
-        action="store_true",
-        help="keep a full fine-tuning's float32 master weights in pinned host memory (needs "
-        "--dtype bfloat16 or float16 and float32 params; the step computes with 16-bit copies; "
-        "on CPU: saves nothing)",
-    )
-    p.add_argument(
-        "--loss-scale",
-        default="auto",
-        metavar="dynamic|none|auto|N",
-        help="loss scaling: dynamic (skips non-finite steps), none, a static scale N, or auto "
-        "(dynamic for a float16 model; the default)",
-    )
-    p.set_defaults(flags=OPTIMIZER_FLAGS)
 
 
 def optimizer_lines(result: dict) -> list[str]:

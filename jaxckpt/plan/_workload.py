@@ -19,16 +19,18 @@ from types import MappingProxyType
 
 import jax
 
+from jaxckpt import train
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import OptimizerConfig, has_master_weights, parse_mesh
 
-OPTIMIZER_NAMES = ("adamw", "adafactor", "sgd")
-"""The optimizers ``jaxckpt train --optimizer`` trains with (``train.OptimizerConfig.name``)."""
+OPTIMIZER_NAMES = tuple(train.OPTIMIZERS)
+"""The optimizers ``jaxckpt train --optimizer`` trains with: the keys of the one registry,
+``train.OPTIMIZERS``."""
 
-MOMENTS_DTYPES = (None, "float32", "bfloat16")
-"""Storage dtypes of the optimizer's moments (``train.OptimizerConfig.moments_dtype``; None:
-the trained parameters' own, float32 for float16 ones)."""
+MOMENTS_DTYPES = (None, *train.MOMENTS_DTYPES)
+"""Storage dtypes of the optimizer's moments: ``train.MOMENTS_DTYPES``, or None (the trained
+parameters' own, float32 for float16 ones)."""
 
 PLACEMENTS = ("device", "host")
 """Where a part of the train state lives: device memory, or the host's (``pinned_host``)."""
