@@ -1,4 +1,5 @@
-"""Byte-level training data: a UTF-8 byte tokenizer, the shipped corpus, and random windows.
+"""Byte-level training data: the shipped corpus and random windows of it, tokenized by
+``jaxckpt.data.ByteTokenizer`` (the one byte tokenizer).
 
 Every token is one byte of UTF-8, so the vocabulary is ``VOCAB_SIZE = 256`` and any text
 file is a valid corpus. ``ByteBatches`` draws the batch for a step from a generator seeded
@@ -13,12 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
-VOCAB_SIZE = 256
+from jaxckpt.data import ByteTokenizer
+
+_BYTES = ByteTokenizer()
+"""The one byte tokenizer (``jaxckpt.data``); ``encode`` and ``decode`` are its functions."""
+
+VOCAB_SIZE = ByteTokenizer.vocab_size
 """Size of the byte-level vocabulary: one token per possible byte value."""
 
 
 def encode(text: str) -> np.ndarray:
-    """The UTF-8 bytes of ``text`` as an int32 token array.
+    """The UTF-8 bytes of ``text`` as an int32 token array (``data.ByteTokenizer().encode``).
 
     Args:
         text: any string; non-ASCII characters become several tokens.
@@ -35,13 +41,12 @@ def encode(text: str) -> np.ndarray:
         >>> encode("é").tolist()
         [195, 169]
     """
-    if not isinstance(text, str):
-        raise TypeError(f"encode: text must be a str, got {type(text).__name__}")
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+    return _BYTES.encode(text)
 
 
 def decode(tokens) -> str:
-    """The text whose UTF-8 bytes are ``tokens``; invalid byte sequences become U+FFFD.
+    """The text whose UTF-8 bytes are ``tokens``; invalid byte sequences become U+FFFD
+    (``data.ByteTokenizer().decode``).
 
     Args:
         tokens: a 1-D array-like of integers in ``[0, VOCAB_SIZE)`` (e.g. model samples).
@@ -60,16 +65,9 @@ def decode(tokens) -> str:
         True
     """
     arr = np.asarray(tokens)
-    if arr.size == 0:
-        return ""
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"decode: tokens must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise ValueError(f"decode: tokens must be 1-D, got shape {arr.shape}")
-    low, high = int(arr.min()), int(arr.max())
-    if low < 0 or high >= VOCAB_SIZE:
-        raise ValueError(f"decode: tokens must lie in [0, {VOCAB_SIZE}), got values in [{low}, {high}]")
-    return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+    return _BYTES.decode(arr)
 
 
 def default_corpus_path() -> Path:
