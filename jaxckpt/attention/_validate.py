@@ -213,10 +213,10 @@ def normalize(
     are built from it (``jaxckpt.attention._signature``). To add an argument, add it
     here, with its check, and to :class:`AttentionInputs`.
 
-    Args:
-        query, key, value, bias, mask, scale, is_causal, query_seq_lengths,
-            key_value_seq_lengths, local_window_size, segment_ids, logits_soft_cap,
-            dropout_rate, dropout_rng: as ``jaxckpt.flash_attention``.
+    The arguments (``query``, ``key``, ``value``, ``bias``, ``mask``, ``scale``, ``is_causal``,
+    ``query_seq_lengths``, ``key_value_seq_lengths``, ``local_window_size``, ``segment_ids``,
+    ``logits_soft_cap``, ``dropout_rate``, ``dropout_rng``) are those of
+    ``jaxckpt.flash_attention``.
 
     Returns:
         :class:`AttentionInputs`: rank-4 ``BTNH`` arrays, rank-4 bias and mask, int32

@@ -7,7 +7,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from jaxckpt import nn, train
+from jaxckpt import compare, nn
 
 DEFAULT_MODEL = "tiny"
 DEFAULT_BATCH = 2
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs the comparison and prints it."""
     overrides = {} if args.layers is None else {"n_layers": args.layers}
     config = nn.TransformerConfig.preset(args.model, **overrides)
-    result = train.compare(config, batch=args.batch, seq=args.seq, steps=args.steps, progress=not args.json)
+    result = compare.compare(config, batch=args.batch, seq=args.seq, steps=args.steps, progress=not args.json)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -1,8 +1,8 @@
 """Training: the optax train step (AdamW, Adafactor or SGD; state dtype, host offload,
 float16 loss scaling) on byte windows or packed data files, held-out
 evaluation, orbax checkpoints, data parallel + FSDP
-meshes (also over several processes), progress and memory reports, and ``compare``, the
-seed's experiment (attention x remat).
+meshes (also over several processes), progress and memory reports. The seed's experiment
+(attention x remat) is ``jaxckpt.compare``.
 
 Example:
     >>> from jaxckpt import nn, train
@@ -19,7 +19,6 @@ from jaxckpt.train._checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from jaxckpt.train._compare import compare, offload_saves_memory
 from jaxckpt.train._data import VOCAB_SIZE, ByteBatches, decode, default_corpus_path, encode, load_tokens
 from jaxckpt.train._distributed import HEARTBEAT_TIMEOUT_S, initialize, is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator, evaluate
@@ -30,7 +29,7 @@ from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, ke
 from jaxckpt.train._master import has_master_weights
 from jaxckpt.train._memory import MemoryReport, memory_report
 from jaxckpt.train._nonfinite import ON_NONFINITE, NonFiniteError
-from jaxckpt.train._offload import offload_shardings, stream_to_host
+from jaxckpt.train._offload import offload_saves_memory, offload_shardings, stream_to_host
 from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
 from jaxckpt.train._orbax_quiet import LOG_NAME as CHECKPOINT_LOG
 from jaxckpt.train._orbax_quiet import VERBOSE_LOGGER
@@ -76,7 +75,6 @@ __all__ = [
     "all_finite",
     "bytes_per_device",
     "clip_by_global_norm",
-    "compare",
     "decode",
     "default_corpus_path",
     "encode",

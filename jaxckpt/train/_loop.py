@@ -172,9 +172,9 @@ def train(
 
     Raises:
         ValueError / FileNotFoundError / FileExistsError: for bad arguments, a missing data
-        file, or a checkpoint directory that would be overwritten without ``force``.
+            file, or a checkpoint directory that would be overwritten without ``force``.
         CheckpointWriteError: a checkpoint could not be written (a full disk); the
-        previous one is intact.
+            previous one is intact.
         NonFiniteError: a step was not finite and ``on_nonfinite="stop"``.
 
     Example:

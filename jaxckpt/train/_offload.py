@@ -147,3 +147,17 @@ def stream_to_host(inner: optax.GradientTransformation) -> optax.GradientTransfo
         return treedef.unflatten(new_updates), merge_leaf_states(state, treedef, new_states)
 
     return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
+def offload_saves_memory(device: jax.Device | None = None) -> bool:
+    """Offload rows only make sense where host memory is separate from device memory.
+
+    On CPU ``pinned_host`` is the same RAM, so offloading there saves nothing.
+
+    Example:
+        >>> import jax
+        >>> offload_saves_memory(jax.devices("cpu")[0])
+        False
+    """
+    device = device or jax.devices()[0]
+    return has_pinned_host(device) and device.platform != "cpu"

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from jaxckpt.train._compare import offload_saves_memory
 from jaxckpt.train._memory import MemoryReport
+from jaxckpt.train._offload import offload_saves_memory
 from jaxckpt.train._step import Trainer
 
 

@@ -14,31 +14,21 @@ from rich.progress import Progress
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig, trainable
 from jaxckpt.remat import get as get_remat
-from jaxckpt.remat import has_pinned_host
-from jaxckpt.train._data import ByteBatches, load_tokens
-from jaxckpt.train._grads import loss_and_grads
-from jaxckpt.train._memory import memory_report
-from jaxckpt.train._step import Trainer, check_seq
+from jaxckpt.train import (
+    ByteBatches,
+    Trainer,
+    load_tokens,
+    loss_and_grads,
+    memory_report,
+    offload_saves_memory,
+)
+from jaxckpt.train._step import check_seq
 
 ATTENTION = {"reference": "reference", "flash": "blockwise"}
 """Row label -> ``flash_attention`` implementation. ``reference`` materialises T x S."""
 REMAT = ("none", "full", "dots", "save_attn", "minimal", "ratio_0.25")
 OFFLOAD_REMAT = ("offload_qkv", "offload_minimal")
 BASELINE = ("reference", "none")
-
-
-def offload_saves_memory(device: jax.Device | None = None) -> bool:
-    """Offload rows only make sense where host memory is separate from device memory.
-
-    On CPU ``pinned_host`` is the same RAM, so offloading there saves nothing.
-
-    Example:
-        >>> import jax
-        >>> offload_saves_memory(jax.devices("cpu")[0])
-        False
-    """
-    device = device or jax.devices()[0]
-    return has_pinned_host(device) and device.platform != "cpu"
 
 
 def default_rows() -> list[tuple[str, str]]:
@@ -111,9 +101,9 @@ def compare(
             attention or remat name.
 
     Example:
-        >>> from jaxckpt import nn, train
+        >>> from jaxckpt import compare, nn
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=2, d_model=32, n_heads=2, ffn_dim=48)
-        >>> out = train.compare(cfg, batch=2, seq=16, steps=1, rows=[("flash", "full")], progress=False)
+        >>> out = compare.compare(cfg, batch=2, seq=16, steps=1, rows=[("flash", "full")], progress=False)
         >>> [(r["attention"], r["remat"]) for r in out["rows"]]
         [('reference', 'none'), ('flash', 'full')]
     """
