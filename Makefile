@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup run test test-fast lint docs docs-build bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -13,7 +13,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --upgrade pip
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[torch,dev,gpu-aot]"
+	$(PIP) install -e ".[torch,dev,gpu-aot,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -28,8 +28,15 @@ lint: setup
 
 PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2
 
-test: lint
+test: lint docs-build
 	$(PYTEST) --doctest-modules tests jaxckpt torch_bridge npu_backend
+
+# The documentation site: `make docs` serves it locally; `make test` builds it with --strict.
+docs-build: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir .site
+
+docs: setup
+	$(VENV)/bin/mkdocs serve
 
 # No doctests either: they are examples, and make test runs every one.
 test-fast: lint
@@ -44,14 +51,14 @@ ffi: setup
 test test-fast: ffi
 
 bench: setup
-	$(PY) benchmarks/bench_attention.py
+	$(PY) benchmarks/speed/bench_attention.py
 	$(VENV)/bin/jaxckpt compare --model small --batch 4 --seq 1024 --steps 3
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_vs_torch.py
-	$(PY) benchmarks/bench_planner.py
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_convert.py
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_finetune.py
-	$(PY) benchmarks/bench_fsdp.py
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/bench_lora.py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/speed/bench_vs_torch.py
+	$(PY) benchmarks/speed/bench_planner.py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/speed/bench_convert.py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/speed/bench_finetune.py
+	$(PY) benchmarks/speed/bench_fsdp.py
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) benchmarks/speed/bench_lora.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .site

@@ -12,13 +12,13 @@ Parts:
    lse and gradients against ``attention_reference`` (fp32 math, run at "highest" matmul
    precision so that no TF32 enters the ground truth) with the bf16 tolerances of
    ``tests/_support/tolerances.py``; a feature outside ``Implementation.supports`` is a skip.
-2b. **pallas**: the Pallas kernel's grid (``_pallas_speed.py``): bf16 fwd and fwd+bwd
+2b. **pallas**: the Pallas kernel's grid (``speed/_pallas_speed.py``): bf16 fwd and fwd+bwd
    TFLOP/s, T in {1k, 4k, 16k, 32k}, H in {64, 128}, causal and not, against cuDNN and
    JAX's own Pallas attention in the same run.
 2. **throughput**: fwd+bwd of each implementation, causal, B*T = 32768 tokens, N=16,
    H=128, T in {2048, 8192, 32768}; median of 5 reps after a warm-up. FLOPs follow the
    FlashAttention-2 benchmark: fwd = 4*B*N*T*S*H, halved for causal; bwd = 2.5 x fwd, so
-   fwd+bwd = 3.5 x fwd (as ``bench_attention.py``). TFLOP/s and the fraction of the
+   fwd+bwd = 3.5 x fwd (as ``speed/bench_attention.py``). TFLOP/s and the fraction of the
    H200's 989 TFLOP/s dense bf16 peak; a call whose compiled buffers exceed 85% of the
    device's memory is skipped.
 3. **train**: the real train step (``train.Trainer``, AdamW, bf16 params and compute, auto
@@ -87,11 +87,11 @@ sys.path.insert(
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _pallas_speed import part_pallas, run_times
-from _pallas_speed import summary as pallas_summary
-from _results import write_json
+from harness import write_json
 from rich.console import Console
 from rich.table import Table
+from speed._pallas_speed import part_pallas, run_times
+from speed._pallas_speed import summary as pallas_summary
 
 import jaxckpt
 from jaxckpt import nn, plan

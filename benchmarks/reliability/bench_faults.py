@@ -10,8 +10,8 @@ checkpoint the latest, and resume to the same bits. Last, the disk fills at each
 write in turn (array data, metadata, finalize, jaxckpt.json), ``--stage-runs`` times each:
 every run must print exactly that one line.
 
-    python benchmarks/bench_faults.py                 # 100 kills, 10 disk-full runs, 20 per stage
-    python benchmarks/bench_faults.py --kills 20 --full 3 --stage-runs 2
+    python benchmarks/reliability/bench_faults.py                 # 100 kills, 10 disk-full runs, 20 per stage
+    python benchmarks/reliability/bench_faults.py --kills 20 --full 3 --stage-runs 2
 """
 
 import argparse
@@ -21,14 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import _results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import RESULTS as RESULTS_DIR
+from harness import SUPPORT, write_json
+from harness import table as harness_table
 from rich.console import Console
-from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "_support"))
+sys.path.insert(0, str(SUPPORT))
 import fault_harness as harness
 
-RESULTS = Path(__file__).parent / "results" / "faults.json"
+RESULTS = RESULTS_DIR / "faults.json"
 STEPS, EVERY = 8, 2
 
 
@@ -74,9 +76,7 @@ def main() -> int:
         ),
     ]
     title = f"Kill, fill the disk, resume: jaxckpt train ({STEPS} steps, checkpoint every {EVERY})"
-    table = Table(title=title)
-    table.add_column("what")
-    table.add_column("figure", justify="right")
+    table = harness_table(title, "what", ("figure",))
     for row in rows:
         table.add_row(*row)
     Console().print(table)
@@ -94,7 +94,7 @@ def main() -> int:
         "ok": ok,
         "seconds": time.perf_counter() - t0,
     }
-    print("wrote", _results.write_json(RESULTS, payload))
+    print("wrote", write_json(RESULTS, payload))
     return 0 if ok else 1
 
 

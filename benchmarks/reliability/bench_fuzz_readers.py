@@ -15,8 +15,8 @@ Each outcome is one of:
   input accepted, a read that differs from the reference's). It must be 0: the script exits 1
   otherwise, after listing the first few.
 
-    python benchmarks/bench_fuzz_readers.py                  # 200 cases per reader
-    python benchmarks/bench_fuzz_readers.py --cases 50 --readers safetensors jsonl
+    python benchmarks/reliability/bench_fuzz_readers.py                  # 200 cases per reader
+    python benchmarks/reliability/bench_fuzz_readers.py --cases 50 --readers safetensors jsonl
 """
 
 import argparse
@@ -30,14 +30,17 @@ import time
 import warnings
 from pathlib import Path
 
-import _results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import RESULTS as RESULTS_DIR
+from harness import SUPPORT, write_json
+from harness import table as harness_table
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "_support"))
+sys.path.insert(0, str(SUPPORT))
 import fuzz_cases as fc
 
-RESULTS = Path(__file__).parent / "results" / "fuzz_readers.json"
+RESULTS = RESULTS_DIR / "fuzz_readers.json"
 SHOWN = 5
 """How many ``other`` outcomes per reader the JSON and the console list."""
 
@@ -78,10 +81,9 @@ def run_reader(reader: fc.Reader, cases: int, root: Path) -> dict:
 
 
 def _table(rows: list[dict], cases: int) -> Table:
-    table = Table(title=f"Fuzzed readers: {cases} corrupted inputs per reader")
-    for column in ("reader", "cases tried", "clean one-line errors", "still valid (undetectable mutation)"):
-        table.add_column(column, justify="left" if column == "reader" else "right")
-    table.add_column("other outcomes (must be 0)", justify="right")
+    title = f"Fuzzed readers: {cases} corrupted inputs per reader"
+    cols = ("cases tried", "clean one-line errors", "still valid (undetectable mutation)")
+    table = harness_table(title, "reader", (*cols, "other outcomes (must be 0)"), justify="left")
     for row in rows:
         table.add_row(row["reader"], *(str(row[k]) for k in ("cases", "error", "valid", "other")))
     return table
@@ -117,7 +119,7 @@ def main() -> int:
         "skipped": skipped,
         "readers": rows,
     }
-    console.print(f"wrote {_results.write_json(args.out, payload)}")
+    console.print(f"wrote {write_json(args.out, payload)}")
     return 1 if any(row["other"] for row in rows) else 0
 
 

@@ -13,10 +13,15 @@ cuDNN on the calls both take.
 
 import functools
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 
 import jax
 import jax.numpy as jnp
+from harness import run_seconds
 from jax.experimental.pallas.ops.gpu import attention as jax_pallas
 
 import jaxckpt
@@ -41,13 +46,7 @@ def _attention(impl: str, causal: bool, interpret: bool):
 
 def run_times(fn, args, reps: int, deadline: float) -> list[float]:
     """Seconds of ``reps`` runs of ``fn(*args)`` after a warm-up (at least one, then until the deadline)."""
-    jax.block_until_ready(fn(*args))  # warm-up
-    times = []
-    while len(times) < reps and (not times or time.time() < deadline):
-        tick = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - tick)
-    return times
+    return run_seconds(fn, args, reps, deadline=deadline)
 
 
 def _one(impl: str, q, k, v, causal: bool, fwd_flops: float, reps: int, deadline: float, interpret: bool):

@@ -7,18 +7,20 @@ causal), fwd+bwd = 3.5 x fwd; "of matmul" divides by the better of two
 2048^3 matmul measurements (in the benchmark's dtype) taken just before and
 just after each case.
 
-    python benchmarks/bench_attention.py            # T = 1024 .. 32768
-    python benchmarks/bench_attention.py --quick    # T = 1024 .. 4096
+    python benchmarks/speed/bench_attention.py            # T = 1024 .. 32768
+    python benchmarks/speed/bench_attention.py --quick    # T = 1024 .. 4096
 """
 
 import argparse
 import os
-import time
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import jax
 import jax.numpy as jnp
-from _results import write_json
+from harness import table as harness_table
+from harness import time_compiled, write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -46,22 +48,6 @@ def _step(attn):
 def _compile(step, t: int, dtype):
     shape = jax.ShapeDtypeStruct((B, t, N, H), dtype)
     return step.lower(shape, shape, shape, shape).compile()
-
-
-def time_compiled(fn, args, min_runs: int, min_seconds: float, warmup: bool = True) -> float:
-    """Best wall time of ``fn(*args)`` over at least ``min_runs`` runs and ``min_seconds``.
-
-    The minimum, not the mean: on a shared machine noise only ever adds time.
-    ``warmup=False`` suits an already compiled executable whose run is long.
-    """
-    if warmup:
-        jax.block_until_ready(fn(*args))  # and compile, for a jitted fn
-    times = []
-    while len(times) < min_runs or sum(times) < min_seconds:
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def matmul_gflops(n: int = 2048, dtype=jnp.float32) -> float:
@@ -116,11 +102,8 @@ def bench_case(t: int, causal: bool, dtype, min_seconds: float) -> dict:
 def _table(rows: list[dict]) -> Table:
     dtype = rows[0]["dtype"] if rows else ""
     title = f"fwd+bwd attention, B={B} N={N} H={H} {dtype}: jaxckpt.flash_attention vs jax.nn (xla)"
-    table = Table(title=title)
-    for col in ("T", "causal", "time ours/jax.nn", "temp MiB ours", "temp MiB jax.nn", "mem ratio"):
-        table.add_column(col, justify="right")
-    for col in ("GFLOP/s", "of matmul"):
-        table.add_column(col, justify="right")
+    cols = ("T", "causal", "time ours/jax.nn", "temp MiB ours", "temp MiB jax.nn", "mem ratio")
+    table = harness_table(title, None, (*cols, "GFLOP/s", "of matmul"))
     for r in rows:
         ratio = "skipped (no fit)" if r["time_ratio"] is None else f"{r['time_ratio']:.3f}"
         table.add_row(

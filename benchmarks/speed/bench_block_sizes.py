@@ -5,19 +5,22 @@ attention, and reports both relative to the current default timed right beside
 it (lower is better: paired ratios cancel the machine's drift), plus GFLOP/s as
 a fraction of a same-run matmul.
 
-    python benchmarks/bench_block_sizes.py --seq 4096
+    python benchmarks/speed/bench_block_sizes.py --seq 4096
 """
 
 import argparse
 import itertools
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import jax
 import jax.numpy as jnp
-from bench_attention import B, H, N, attention_flops, matmul_gflops, time_compiled
+from bench_attention import B, H, N, attention_flops, matmul_gflops
+from harness import table as harness_table
+from harness import time_compiled
 from rich.console import Console
-from rich.table import Table
 
 import jaxckpt
 
@@ -56,9 +59,9 @@ def main(argv=None) -> None:
                 "step_fraction_of_matmul": attention_flops(t, args.causal) / step / 1e9 / matmul,
             }
         )
-    table = Table(title=f"T={t} causal={args.causal}: time relative to default {default}")
-    for col in ("block_q", "block_k", "fwd / default", "fwd+bwd / default", "fwd+bwd of matmul"):
-        table.add_column(col, justify="right")
+    title = f"T={t} causal={args.causal}: time relative to default {default}"
+    cols = ("block_q", "block_k", "fwd / default", "fwd+bwd / default", "fwd+bwd of matmul")
+    table = harness_table(title, None, cols)
     for r in rows:
         table.add_row(
             str(r["block_q"]),

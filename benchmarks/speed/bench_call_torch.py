@@ -7,47 +7,34 @@ jitted calls, each waited for; ratios compare runs of the same process. The "bar
 callback" column is the floor of any host round trip: the same number of
 ``jax.pure_callback`` calls, running numpy's sin, with no torch at all.
 
-    python benchmarks/bench_call_torch.py            # 2000 calls per measurement
-    python benchmarks/bench_call_torch.py --quick    # 200 calls
+    python benchmarks/speed/bench_call_torch.py            # 2000 calls per measurement
+    python benchmarks/speed/bench_call_torch.py --quick    # 200 calls
 """
 
 import argparse
 import os
 import platform
-import statistics
-import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import median_call_us, write_json
+from harness import table as harness_table
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _results import write_json
 from rich.console import Console
 from rich.table import Table
 
-from torch_bridge._call_torch import call_torch
+from torch_bridge import call_torch
 from torch_bridge._torch import torch
 
 SIZE = 7
 FULL_CALLS = 2000
 QUICK_CALLS = 200
-
-
-def median_call_us(fn, args, calls: int) -> float:
-    """Median wall time of ``fn(*args)`` in µs over ``calls`` calls, after a warm-up call.
-
-    The median, not the minimum: the callback path has a long tail (Python GC, thread
-    hand-offs) that is part of its real cost, but one-off hiccups should not count.
-    """
-    jax.block_until_ready(fn(*args))  # compile
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(times)
 
 
 def _bare_sin():
@@ -123,10 +110,8 @@ def _table(result: dict) -> Table:
         f"call_torch overhead: jitted sin of a [{result['size']}] float32 array, "
         f"median of {result['calls']} calls"
     )
-    table = Table(title=title)
-    table.add_column("mode")
-    for col in ("call_torch µs", "bare callback µs", "pure JAX µs", "ratio", "overhead µs"):
-        table.add_column(col, justify="right")
+    cols = ("call_torch µs", "bare callback µs", "pure JAX µs", "ratio", "overhead µs")
+    table = harness_table(title, "mode", cols)
     for r in result["rows"]:
         table.add_row(
             r["mode"],

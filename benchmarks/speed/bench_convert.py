@@ -39,10 +39,10 @@ The checkpoint is read with a warm page cache (it was just written). Each phase 
 ``--repeats`` times, each in its own process: the table shows the best time and the
 largest peak. The temporary checkpoint is deleted at the end.
 
-    python benchmarks/bench_convert.py            # ~0.97 GB checkpoint, 200 MB shards
-    python benchmarks/bench_convert.py --quick    # ~0.12 GB checkpoint, 50 MB shards
-    python benchmarks/bench_convert.py --quick --families phi3,gpt2   # those families only
-    python benchmarks/bench_convert.py --families none                # the LLaMA part only
+    python benchmarks/speed/bench_convert.py            # ~0.97 GB checkpoint, 200 MB shards
+    python benchmarks/speed/bench_convert.py --quick    # ~0.12 GB checkpoint, 50 MB shards
+    python benchmarks/speed/bench_convert.py --quick --families phi3,gpt2   # those families only
+    python benchmarks/speed/bench_convert.py --families none                # the LLaMA part only
 """
 
 import argparse
@@ -55,7 +55,6 @@ import os
 import platform
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,10 +62,13 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import median_call_us, write_json
+from harness import table as harness_table
+
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 import numpy as np
-from _results import write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -237,7 +239,7 @@ def run_worker(phase: str, path: Path, shard: str) -> dict:
 
 def checkpoint_specs(config) -> list[tuple[str, tuple[int, ...], np.dtype]]:
     """``(HF name, shape, dtype)`` of every tensor of ``config``, as ``write_hf`` builds them."""
-    from torch_bridge._archs import architecture
+    from torch_bridge import architecture
     from torch_bridge._convert import export_order, target_shapes
 
     arch = architecture(config.family)
@@ -271,7 +273,7 @@ def write_checkpoint(directory: Path, config, specs, shard: str, seed: int = 0) 
 def fused_keys(config) -> set[str]:
     """The HF names of the fused tensors of ``config``: those split into several parameters
     on reading (Phi-3's ``qkv_proj``/``gate_up_proj``, GPT-2's ``c_attn``)."""
-    from torch_bridge._archs import architecture
+    from torch_bridge import architecture
     from torch_bridge._convert import export_order
 
     return {key for key, rule, _ in export_order(architecture(config.family), config) if len(rule.jax) > 1}
@@ -328,18 +330,6 @@ def call_torch_overhead(calls: int) -> dict:
     return measure_call_overhead(calls) | {"source": "bench_call_torch.measure_call_overhead"}
 
 
-def _median_us(fn, x, calls: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn(x))
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(times)
-
-
 def _own_call_overhead(calls: int) -> dict:
     """Median µs of jitted ``call_torch(torch.sin)`` and ``jnp.sin`` on a [7] array."""
     import jax
@@ -356,7 +346,7 @@ def _own_call_overhead(calls: int) -> dict:
         ("forward", jax.jit(sin), jax.jit(jnp.sin)),
         ("forward+backward (jax.grad)", grad(sin), grad(jnp.sin)),
     ):
-        ours_us, peer_us = _median_us(ours, x, calls), _median_us(peer, x, calls)
+        ours_us, peer_us = median_call_us(ours, (x,), calls), median_call_us(peer, (x,), calls)
         rows.append(
             {"mode": mode, "call_torch_us": ours_us, "jax_us": peer_us, "ratio": ours_us / peer_us}
             | {"overhead_us": ours_us - peer_us}
@@ -401,11 +391,8 @@ def conversion_table(result: dict) -> Table:
         f"checkpoint conversion: LLaMA fp32 {ck['bytes'] / MB:.0f} MB in {ck['shards']} shards, "
         f"largest tensor {ck['largest_bytes'] / MB:.1f} MB; MB = 10^6 B"
     )
-    table = Table(title=title)
-    table.add_column("phase")
     cols = ("s", "MB/s", "baseline MB", "peak MB", "model MB", "peak extra MB", "x largest")
-    for col in (*cols, "file-backed MB", "anon MB", f"<= {GOAL_MULTIPLE:g}x"):
-        table.add_column(col, justify="right")
+    table = harness_table(title, "phase", (*cols, "file-backed MB", "anon MB", f"<= {GOAL_MULTIPLE:g}x"))
     for r in result["conversion"]:
         table.add_row(
             r["label"],
@@ -428,12 +415,9 @@ def call_torch_table(result: dict) -> Table:
         f"call_torch overhead: jitted sin of a [{result['size']}] float32 array, "
         f"median of {result['calls']} calls"
     )
-    table = Table(title=title)
-    table.add_column("mode")
     bare = all("bare_callback_us" in r for r in result["rows"])  # bench_call_torch's floor
     cols = ("call_torch µs", *(("bare callback µs",) if bare else ()), "pure JAX µs", "ratio", "overhead µs")
-    for col in cols:
-        table.add_column(col, justify="right")
+    table = harness_table(title, "mode", cols)
     for r in result["rows"]:
         floor = (f"{r['bare_callback_us']:.1f}",) if bare else ()
         table.add_row(

@@ -39,8 +39,8 @@ on an extra, untimed step.
 Targets: jaxckpt ``full`` step time <= 1.0x torch + gradient checkpointing; the data
 pipeline delivers >= 10x the tokens per second that training consumes (the fastest row).
 
-    python benchmarks/bench_finetune.py             # B=4, T=256, 4 timed steps (~4 min idle)
-    python benchmarks/bench_finetune.py --quick     # 4 layers, B=2, T=128, 2 steps (smoke)
+    python benchmarks/speed/bench_finetune.py             # B=4, T=256, 4 timed steps (~4 min idle)
+    python benchmarks/speed/bench_finetune.py --quick     # 4 layers, B=2, T=128, 2 steps (smoke)
 """
 
 import argparse
@@ -49,9 +49,14 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import REPO, write_json
+from harness import table as harness_table
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -62,7 +67,6 @@ import tokenizers
 import torch
 import torch.nn.functional as F
 import transformers
-from _results import write_json
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
@@ -75,7 +79,7 @@ from jaxckpt.train import OptimizerConfig, Trainer
 
 PRESET, LAYERS, VOCAB = "smollm2-135m", 20, 49152
 EOS = "<|endoftext|>"
-CORPUS = Path(__file__).resolve().parents[1] / "jaxckpt" / "train" / "data" / "shakespeare.txt"
+CORPUS = REPO / "jaxckpt" / "train" / "data" / "shakespeare.txt"
 GENERATED_WORDS = 200_000  # compounds of two corpus words: what lets BPE reach 49,152 merges
 GOAL_RATIO, GOAL_ROW, BASELINE_ROW = 1.0, "jaxckpt flash + full", "torch sdpa + GC"
 PIPELINE_GOAL = 10.0  # pipeline tokens/s over the fastest row's training tokens/s
@@ -303,9 +307,7 @@ def summarize(rows: list[Row], slots: int) -> list[dict]:
 
 
 def _table(results: list[dict], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("row", justify="left", no_wrap=True)
-    for col in (
+    cols = (
         "step / torch+GC",
         "median s",
         "max/min",
@@ -314,8 +316,8 @@ def _table(results: list[dict], title: str) -> Table:
         "step memory MiB",
         "loss 1st",
         "loss last",
-    ):
-        table.add_column(col, justify="right")
+    )
+    table = harness_table(title, "row", cols, justify="left", no_wrap=True)
     for r in results:
         times = r["step_times_s"]
         table.add_row(

@@ -8,20 +8,24 @@ analysis of the sharded step, per device, which is exact; activations are the st
 temp buffers less the gradients (one device's share of the parameters), and the
 predicted peak is ``plan.predict(plan.Workload(..., devices=D), remat)``.
 
-    python benchmarks/bench_fsdp.py            # the small config, global batch 8, T=256
-    python benchmarks/bench_fsdp.py --quick    # the tiny config, T=64
+    python benchmarks/speed/bench_fsdp.py            # the small config, global batch 8, T=256
+    python benchmarks/speed/bench_fsdp.py --quick    # the tiny config, T=64
 """
 
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import RESULTS, write_json
+from harness import table as harness_table
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax
-from _results import write_json
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
@@ -62,7 +66,7 @@ def measure(config: nn.TransformerConfig, devices: int, batch: int, seq: int, st
 
 def table(rows: list[dict]) -> Table:
     base = rows[0]
-    out = Table(title="FSDP on simulated CPU devices (same global batch; times: ratios only)")
+    title = "FSDP on simulated CPU devices (same global batch; times: ratios only)"
     columns = (
         "D",
         "params+opt / device MiB",
@@ -74,8 +78,7 @@ def table(rows: list[dict]) -> Table:
         "step time x D=1",
         "loss step 0",
     )
-    for column in columns:
-        out.add_column(column, justify="right")
+    out = harness_table(title, None, columns)
     for r in rows:
         out.add_row(
             str(r["devices"]),
@@ -95,7 +98,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny config, T=64")
     parser.add_argument("--steps", type=int, default=4, help="steps per D (the first is not timed)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fsdp.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "fsdp.json")
     args = parser.parse_args(argv)
     if len(jax.devices()) < max(DEVICES):
         parser.error(f"needs {max(DEVICES)} devices; this process sees {len(jax.devices())}")

@@ -32,8 +32,8 @@ tile when T fits a block).
 Every figure is from XLA:GPU compiling without a GPU: no autotuning (GEMM tiles are
 XLA's defaults), and cuDNN's workspace is left at ``u8[0]``, so it is missing from temp.
 
-    JAX_PLATFORMS=cpu python benchmarks/bench_gpu_compile.py           # the full grid
-    JAX_PLATFORMS=cpu python benchmarks/bench_gpu_compile.py --quick   # T=256 bf16, T=2048
+    JAX_PLATFORMS=cpu python benchmarks/speed/bench_gpu_compile.py           # the full grid
+    JAX_PLATFORMS=cpu python benchmarks/speed/bench_gpu_compile.py --quick   # T=256 bf16, T=2048
 """
 
 import argparse
@@ -45,9 +45,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import jax
 import jax.numpy as jnp
-from _results import write_json
+from harness import RESULTS, write_json
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from rich.console import Console
@@ -365,7 +366,7 @@ def _refusals(console: Console, rows: list[dict]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="structure at T=256 in bf16; memory at T=2048")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu_compile.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_compile.json")
     args = parser.parse_args(argv)
     plan.quiet_cuda_plugin_without_driver()
     console = Console(width=200)

@@ -21,17 +21,22 @@ Then the 7B table: llama2-7b at B=8, T=2048 on one 32 GB Ascend 910 (float16, it
 type), each figure XLA:CPU's compiled peak under full remat (nothing allocated), with the
 command that prints it.
 
-    python benchmarks/bench_lora.py           # B=4, T=256, 3 timed steps (~4 min on 2 idle cores)
-    python benchmarks/bench_lora.py --quick   # B=2, T=64, 1 timed step, no 7B (smoke)
+    python benchmarks/speed/bench_lora.py           # B=4, T=256, 3 timed steps (~4 min on 2 idle cores)
+    python benchmarks/speed/bench_lora.py --quick   # B=2, T=64, 1 timed step, no 7B (smoke)
 """
 
 import argparse
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import RESULTS as RESULTS_DIR
+from harness import write_json
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,7 +45,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import transformers
-from _results import write_json
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
@@ -48,7 +52,7 @@ from rich.table import Table
 import torch_bridge
 from jaxckpt import nn, plan, train
 
-RESULTS = Path(__file__).parent / "results" / "bench_lora.json"
+RESULTS = RESULTS_DIR / "bench_lora.json"
 SEVEN_B = "jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910"
 BF16 = dict(dtype="bfloat16", param_dtype="bfloat16")
 SEVEN_B_ROWS = (

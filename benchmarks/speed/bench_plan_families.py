@@ -10,8 +10,8 @@ nothing is run.
 of the bf16 residuals it stores, so its figures sit above the prediction (which counts the
 bf16 residuals JAX keeps, as a GPU stores them).
 
-    python benchmarks/bench_plan_families.py                      # fp32, four presets
-    python benchmarks/bench_plan_families.py --dtype bfloat16 --presets full
+    python benchmarks/speed/bench_plan_families.py                      # fp32, four presets
+    python benchmarks/speed/bench_plan_families.py --dtype bfloat16 --presets full
 """
 
 import argparse
@@ -19,12 +19,13 @@ import platform
 import sys
 from pathlib import Path
 
-import _results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import jax
+from harness import RESULTS, SUPPORT, write_json
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "_support"))
+sys.path.insert(0, str(SUPPORT))
 from plan_family_cases import BATCH, FAMILIES, SEQ, family_config
 
 from jaxckpt import plan
@@ -39,7 +40,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--seq", type=int, default=SEQ)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_families.json"))
+    parser.add_argument("--out", default=str(RESULTS / "plan_families.json"))
     args = parser.parse_args()
     console = Console()
     table = Table(
@@ -69,7 +70,7 @@ def main() -> None:
         machine=platform.machine(),
         caveat=plan.CPU_CAVEAT,
     )
-    console.print(f"wrote {_results.write_json(args.out, payload)}")
+    console.print(f"wrote {write_json(args.out, payload)}")
 
 
 if __name__ == "__main__":

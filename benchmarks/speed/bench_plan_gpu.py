@@ -15,8 +15,8 @@ subprocess over simulated devices (about 15 s a row here); ``--cpu-workloads`` n
 the CPU table (the run's header names what it left out). Each row's compile time goes to
 stderr and the JSON.
 
-    JAX_PLATFORMS=cpu python benchmarks/bench_plan_gpu.py
-    JAX_PLATFORMS=cpu python benchmarks/bench_plan_gpu.py --cpu-workloads small gpt2
+    JAX_PLATFORMS=cpu python benchmarks/speed/bench_plan_gpu.py
+    JAX_PLATFORMS=cpu python benchmarks/speed/bench_plan_gpu.py --cpu-workloads small gpt2
 """
 
 import argparse
@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-import _results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import RESULTS, write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -113,7 +114,7 @@ def main() -> None:
     )
     parser.add_argument("--gpu-workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--cpu-workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_gpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "plan_gpu.json"))
     args = parser.parse_args()
     console = Console(width=150)
     unavailable = plan.gpu_aot_unavailable()
@@ -154,7 +155,7 @@ def main() -> None:
         args=vars(args),
         caveats={"xla-gpu": plan.AUTOTUNE_CAVEAT, "xla-cpu": plan.CPU_CAVEAT},
     )
-    console.print(f"wrote {_results.write_json(args.out, payload)}")
+    console.print(f"wrote {write_json(args.out, payload)}")
 
 
 if __name__ == "__main__":

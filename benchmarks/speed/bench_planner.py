@@ -21,8 +21,8 @@ noise hits every row alike; they are reported as ratios within the run, never ba
 offload presets are skipped where host memory is not separate from device memory (CPU:
 XLA counts the offloaded bytes as device memory there, as ``jaxckpt compare`` notes).
 
-    python benchmarks/bench_planner.py            # parts 2-4 on small: 8 budgets, 5 timed steps
-    python benchmarks/bench_planner.py --quick    # parts 2-4 on tiny: 3 budgets, 1 timed step
+    python benchmarks/speed/bench_planner.py            # parts 2-4 on small: 8 budgets, 5 timed steps
+    python benchmarks/speed/bench_planner.py --quick    # parts 2-4 on tiny: 3 budgets, 1 timed step
 """
 
 import argparse
@@ -31,8 +31,11 @@ import itertools
 import os
 import platform
 import statistics
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 import jax
 import matplotlib
 import numpy as np
@@ -41,12 +44,11 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxckpt import nn, plan, remat
+from jaxckpt.compare._experiment import _Row, _run_round_robin
 from jaxckpt.remat import RematSpec
 from jaxckpt.train import ByteBatches, Trainer, load_tokens, memory_report, offload_saves_memory
-from jaxckpt.train._compare import _Row, _run_round_robin
 
 matplotlib.use("Agg")
-import _results
 import matplotlib.pyplot as plt
 
 MIB = 2**20
@@ -552,7 +554,7 @@ def write_json(path: Path, case: Case, names: list[str], steps: int, load: dict,
         "step_seconds": r["seconds"],
         "goals": r["goals"],
     }
-    _results.write_json(path, payload, default=str)
+    harness.write_json(path, payload, default=str)
 
 
 if __name__ == "__main__":

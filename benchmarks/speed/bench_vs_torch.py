@@ -10,9 +10,9 @@ printed as a sanity check. Steps are interleaved round-robin so that noise on a 
 CPU hits every row alike, and the table reports median step-time ratios against torch
 eager (no checkpoint). jaxckpt memory is XLA's compiled temp size; torch's is n/a.
 
-    python benchmarks/bench_vs_torch.py            # B=4, T=1024, 3 timed steps
-    python benchmarks/bench_vs_torch.py --quick    # B=2, T=256 smoke run
-    python benchmarks/bench_vs_torch.py --batch 8 --seq 512 --steps 5 --layers 4
+    python benchmarks/speed/bench_vs_torch.py            # B=4, T=1024, 3 timed steps
+    python benchmarks/speed/bench_vs_torch.py --quick    # B=2, T=256 smoke run
+    python benchmarks/speed/bench_vs_torch.py --batch 8 --seq 512 --steps 5 --layers 4
 """
 
 import argparse
@@ -20,9 +20,14 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+from harness import table as harness_table
+from harness import write_json
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
@@ -31,14 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _results import write_json
 from flax import nnx
 from rich.console import Console
 from rich.table import Table
 from torch.utils.checkpoint import checkpoint
 
 from jaxckpt import nn
-from jaxckpt.train._step import OptimizerConfig, Trainer
+from jaxckpt.train import OptimizerConfig, Trainer
 
 PRESET = "small"
 GOAL_RATIO = 0.8  # jaxckpt flash + remat "full" step time / torch eager step time
@@ -309,10 +313,8 @@ def summarize(rows: list[Row], batch: int, seq: int) -> list[dict]:
 
 
 def _table(results: list[dict], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("row", justify="left", no_wrap=True)
-    for col in ("step / torch eager", "median s", "max/min", "tokens/s", "temp MiB", "loss 1st", "loss last"):
-        table.add_column(col, justify="right")
+    cols = ("step / torch eager", "median s", "max/min", "tokens/s", "temp MiB", "loss 1st", "loss last")
+    table = harness_table(title, "row", cols, justify="left", no_wrap=True)
     for r in results:
         table.add_row(
             r["name"],

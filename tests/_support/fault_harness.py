@@ -14,7 +14,7 @@ same command:
   and the final checkpoint's arrays are bit-identical to its final checkpoint's;
 - no temporary directory or file is left in the directory.
 
-``tests/reliability/test_faults_kill.py`` runs 10 kills; ``benchmarks/bench_faults.py`` runs 100.
+``tests/reliability/test_faults_kill.py`` runs 10 kills; ``benchmarks/reliability/bench_faults.py`` runs 100.
 """
 
 import dataclasses

@@ -1,5 +1,5 @@
 """Corrupted inputs for every reader: the cases of ``tests/reliability/test_fuzz_readers.py`` and
-``benchmarks/bench_fuzz_readers.py``, which import them from here.
+``benchmarks/reliability/bench_fuzz_readers.py``, which import them from here.
 
 ``READERS`` holds one ``fuzz_mutations.Reader`` per reader: safetensors, ``.bin``/``.pt``,
 ``config.json``, an orbax checkpoint (``fuzz_weights``), ``tokenizer.json``, jsonl and

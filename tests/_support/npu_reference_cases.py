@@ -1,4 +1,4 @@
-"""Shared helpers of the ``npu_backend.reference`` tests: inputs, layouts, the direct
+"""Shared helpers of the ``npu_backend.emulator`` tests: inputs, layouts, the direct
 formula and its autograd, and the expected masks as explicit (i, j) predicates.
 
 Every case checks the forward against the direct formula and the backward against
@@ -10,7 +10,7 @@ axis mix-up fails.
 
 import torch
 
-from npu_backend import reference as ref
+from npu_backend import emulator as ref
 
 B, SQ, SKV, N1, N2, D, DV = 2, 5, 7, 6, 3, 8, 4
 FLT_MAX = torch.finfo(torch.float32).max

@@ -1,5 +1,5 @@
 """Small configs of every family beyond LLaMA-2 and GPT-2, for the planner's accuracy: one
-home for ``tests/plan/test_plan_model.py`` and ``benchmarks/bench_plan_families.py``.
+home for ``tests/plan/test_plan_model.py`` and ``benchmarks/speed/bench_plan_families.py``.
 
 Each family's preset is shrunk to odd sizes (head_dim != d_model / n_heads, GQA) in the
 proportions of a real model (T = 1536 in 512-key tiles: the tiles do not dominate), its

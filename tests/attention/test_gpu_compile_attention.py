@@ -3,7 +3,7 @@ the real XLA:GPU compiler and no GPU (the ``gpu-aot`` extra; skipped without it)
 
 One compile per implementation x dtype holds every feature (causal, windows, GQA, lengths)
 in two calls whose losses are summed, so the file stays a few compiles long (the features
-one by one, at larger shapes, are in benchmarks/bench_gpu_compile.py); the custom calls in
+one by one, at larger shapes, are in benchmarks/speed/bench_gpu_compile.py); the custom calls in
 the compiled HLO show which kernel each call became.
 """
 

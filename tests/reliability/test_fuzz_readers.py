@@ -2,7 +2,7 @@
 names the file (and, where it can, the field, line, row or tensor); through the CLI it exits 2
 with no traceback and leaves no partial output.
 
-The cases come from ``fuzz_cases`` (shared with ``benchmarks/bench_fuzz_readers.py``), which also
+The cases come from ``fuzz_cases`` (shared with ``benchmarks/reliability/bench_fuzz_readers.py``), which also
 sorts each outcome (``fuzz_cases.judge``). A corrupted input may still be a valid one (a flipped
 byte of tensor data, of a vocabulary word, of a text; a JSON Lines file cut at a line break):
 success counts only for a mutation not marked ``detectable``, and only when the format's own
