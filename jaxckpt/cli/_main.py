@@ -12,6 +12,7 @@ from jaxckpt._plugins import CLI, load_attention_plugins, plugins
 from jaxckpt.attention import available_implementations, implementations
 from jaxckpt.cli import _compare, _eval, _generate, _plan, _train
 from jaxckpt.cli._flags import FLAGS, flag_message
+from jaxckpt.cli._run_file import with_run_file
 
 
 def _state(impl) -> str:
@@ -101,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        argv = with_run_file(parser, argv)  # --config FILE: its flags first, the typed ones override
+    except (ValueError, OSError) as err:
+        parser.exit(2, f"jaxckpt: error: {flag_message(str(err), {**FLAGS, 'config': '--config'})}\n")
     args = parser.parse_args(argv)
     try:
         return args.run(args)

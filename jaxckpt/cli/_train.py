@@ -10,6 +10,7 @@ from rich.console import Console
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import implementations
 from jaxckpt.cli._common import OPTIMIZER_FLAGS, add_lora_arguments, add_optimizer_arguments
+from jaxckpt.cli._run_file import RUN_FILE_NAME, resolved_run, run_yaml, save_run_file
 
 
 def add_parser(sub) -> None:
@@ -19,10 +20,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--model",
-        "--config",
-        dest="model",
         help=f"model preset ({', '.join(nn.PRESETS)}); default: tiny, or the --init-from model "
-        "(--config is an alias)",
+        "(--config names a run file)",
     )
     p.add_argument(
         "--remat",
@@ -103,11 +102,27 @@ def add_parser(sub) -> None:
         help="print orbax's own reports of a failed checkpoint write as they come (by default they "
         f"go to {train.CHECKPOINT_LOG} in --checkpoint-dir, and one line names it)",
     )
-    p.set_defaults(run=run)
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a run file (.yaml, .yml, .toml or .json) whose keys are this command's flags "
+        "(steps: 300, checkpoint_dir: out); the flags typed here override it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help=f"print the resolved run as YAML (a run file for --config) and exit; a run with "
+        f"--checkpoint-dir saves it there as {RUN_FILE_NAME}",
+    )
+    p.set_defaults(run=run, run_parser=p)
 
 
 def run(args: argparse.Namespace) -> int:
     """Builds the config, trains, and prints the result (process 0 only, when there are several)."""
+    resolved = resolved_run(args.run_parser, args)
+    if args.print_config:
+        print(run_yaml(resolved), end="")
+        return 0
     _initialize_distributed(args)  # before anything touches JAX devices
     if args.verbose:
         logging.getLogger(train.VERBOSE_LOGGER).setLevel(logging.DEBUG)
@@ -159,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if not train.is_primary():
         return 0
+    if args.checkpoint_dir is not None:
+        save_run_file(args.checkpoint_dir, resolved)
     for line in run_lines(result, args.resume, args.checkpoint_dir):
         print(line, file=sys.stderr)
     if args.json:

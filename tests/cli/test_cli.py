@@ -87,7 +87,7 @@ def test_train_json_schema(capsys, tmp_path):
     "argv, message",
     [
         (["train", "--remat", "nope"], "unknown remat preset 'nope'"),
-        (["train", "--config", "huge"], "unknown config preset 'huge'"),
+        (["train", "--model", "huge"], "unknown config preset 'huge'"),
         (["train", "--attention", "nope", "--steps", "1", "--seq", "8"], "nope"),
         (["train", "--seq", "5000"], "max_len"),
         (["train", "--data", "missing.txt", "--steps", "1"], "missing.txt"),

@@ -48,7 +48,7 @@ def test_convert_to_jax_train_and_back_to_torch(tmp_path, capsys):
     assert len(run["steps"]) == 2
     hf_run = _run(capsys, "train", "--init-from", str(tmp_path / "hf"), *short)
     assert hf_run["steps"][0]["loss"] == pytest.approx(run["steps"][0]["loss"], abs=1e-5)
-    err = _fails(capsys, "train", "--init-from", str(tmp_path / "jax"), "--config", "tiny", "--steps", "1")
+    err = _fails(capsys, "train", "--init-from", str(tmp_path / "jax"), "--model", "tiny", "--steps", "1")
     assert "holds a different model" in err and "vocab_size" in err
 
 
