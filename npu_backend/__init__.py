@@ -6,7 +6,7 @@ every route):
 
 - ``"npu"``: the CANN fused kernels through torch_npu, forward and backward. Where
   torch_npu cannot run, using it raises an error with the reason; nothing falls back.
-- ``"npu_reference"``: the same route with ``npu_backend.reference``, a plain-torch
+- ``"npu_reference"``: the same route with ``npu_backend.emulator``, a plain-torch
   model of the ops' documented contract, on the CPU. It is how the route is tested
   without an NPU.
 - ``"npu_ffi"``: the second route, an XLA FFI custom call (``npu_backend/ffi``) with

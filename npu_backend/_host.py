@@ -20,7 +20,7 @@ from npu_backend._translate import (
     split_int64,
 )
 from npu_backend._varlen import NotTND, Packing, packing
-from torch_bridge._torch import torch
+from torch_bridge.interop import torch
 
 STAT_WIDTH = 8
 """``softmax_max``/``softmax_sum`` repeat each row's value 8 times on their last axis."""

@@ -1,5 +1,5 @@
 """Where the two fused-attention ops come from: torch_npu, or the plain-torch contract
-reference (``npu_backend.reference``) that CPU tests inject in its place."""
+reference (``npu_backend.emulator``) that CPU tests inject in its place."""
 
 import dataclasses
 import functools
@@ -67,9 +67,9 @@ def reference_ops() -> FusionOps:
         >>> reference_ops().device
         'cpu'
     """
-    # Imported here, not at the top: npu_backend.reference imports torch, and
+    # Imported here, not at the top: npu_backend.emulator imports torch, and
     # `import npu_backend` (which registers the implementations) must not.
-    from npu_backend import reference
+    from npu_backend import emulator as reference
 
     return FusionOps(
         "reference",

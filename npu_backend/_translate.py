@@ -34,7 +34,7 @@ with such a row (jaxckpt's contract); its ``dy`` is zeroed before the backward c
 import dataclasses
 import functools
 
-from torch_bridge._torch import torch
+from torch_bridge.interop import torch
 
 MAX_TOKENS = 2147483647
 """``pre_tockens``/``next_tockens`` meaning "unbounded" (the ops' default)."""

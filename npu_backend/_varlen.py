@@ -10,7 +10,7 @@ host, where the lengths and ids are concrete.
 import dataclasses
 
 from npu_backend._translate import CallPlan
-from torch_bridge._torch import torch
+from torch_bridge.interop import torch
 
 
 class NotTND(NotImplementedError):

@@ -18,10 +18,7 @@ Example:
 
 from torch_bridge._archs import ARCHITECTURES, Architecture, architecture, architecture_of, seed_block_config
 from torch_bridge._atomic import OutputWriteError
-from torch_bridge._call_torch import call_torch
 from torch_bridge._convert import ConversionReport, convert_state_dict, export_state_dict
-from torch_bridge._dlpack import to_jax, to_torch
-from torch_bridge._merge import delta_rounding, merge_lora
 from torch_bridge._models import (
     Converted,
     config_from_hf,
@@ -32,10 +29,18 @@ from torch_bridge._models import (
     save_seed_block,
     write_hf,
 )
-from torch_bridge._peft import save_peft_adapter, write_peft_adapter
-from torch_bridge._peft_load import load_peft_adapter, peft_lora_config, read_peft_adapter
 from torch_bridge._sources import TensorSource, open_tensors
 from torch_bridge._table import Rule, Table
+from torch_bridge.interop import call_torch, to_jax, to_torch
+from torch_bridge.peft import (
+    delta_rounding,
+    load_peft_adapter,
+    merge_lora,
+    peft_lora_config,
+    read_peft_adapter,
+    save_peft_adapter,
+    write_peft_adapter,
+)
 
 __all__ = [
     "ARCHITECTURES",

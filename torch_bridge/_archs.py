@@ -2,8 +2,8 @@ r"""The architectures torch_bridge converts: the families' table, one entry each
 
 ``ARCHITECTURES`` is the registry, keyed by the architecture's name (``jaxckpt convert
 --arch``), which is also the jaxckpt config's ``family``. An entry holds the Hugging Face
-``model_type``\ s it reads, its ``config.json`` reader and writer (``_hf_readers``,
-``_hf_writers``) and its weight rules (below); its defaults are the family's
+``model_type``\ s it reads, its ``config.json`` reader and writer (``hf._readers``,
+``hf._writers``) and its weight rules (below); its defaults are the family's
 ``jaxckpt.nn.FAMILY_DEFAULTS``. ``"seed-block"`` is the seed article's
 ``FlashAttentionWithCheckpoint`` block, one pre-LN layer with non-causal attention and
 exact GELU.
@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Callable
 
 from jaxckpt.nn import TransformerConfig
-from torch_bridge import _hf_readers as readers
-from torch_bridge import _hf_writers as writers
 from torch_bridge._table import Rule, Table
+from torch_bridge.hf import _readers as readers
+from torch_bridge.hf import _writers as writers
 
 B = "blocks."  # the scanned stack: every per-layer target has a leading layer axis
 L = "model.layers.{i}."
@@ -217,8 +217,8 @@ class Architecture:
 
 def _family(name: str, table: Table, *also: str) -> Architecture:
     """The entry of the Hugging Face family ``name``: its model_type is its name, it reads
-    ``also`` too, and its reader and writer are ``_hf_readers.<name>_config`` and
-    ``_hf_writers.<name>_hf_config``."""
+    ``also`` too, and its reader and writer are ``hf._readers.<name>_config`` and
+    ``hf._writers.<name>_hf_config``."""
     read, write = getattr(readers, f"{name}_config"), getattr(writers, f"{name}_hf_config")
     return Architecture(name, table, name, hf_config=write, read=read, model_types=(name, *also))
 

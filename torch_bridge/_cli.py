@@ -25,14 +25,20 @@ from jaxckpt.train import PARAMS_KIND, initial_model, read_meta, restore_checkpo
 from torch_bridge._archs import ARCHITECTURES, architecture
 from torch_bridge._atomic import atomic_output, writing
 from torch_bridge._convert import export_order, export_state_dict, flatten, listing, model_class, unflatten
-from torch_bridge._merge import lora_paths, merge_lora, sixteen_bit_rounding
 from torch_bridge._models import DTYPES, build_model, read_checkpoint, seed_config_of
-from torch_bridge._peft import adapter_tensors, write_peft_adapter
-from torch_bridge._peft_load import peft_lora_config, read_peft_adapter
 from torch_bridge._save import tokenizer_step, write_hf
 from torch_bridge._sources import find_config, open_tensors
 from torch_bridge._verify import verify
 from torch_bridge._writers import write_torch_file
+from torch_bridge.peft import (
+    adapter_tensors,
+    lora_paths,
+    merge_lora,
+    peft_lora_config,
+    read_peft_adapter,
+    sixteen_bit_rounding,
+    write_peft_adapter,
+)
 
 SEED_KEYS = ("q_proj.weight", "out_proj.weight", "ffn.0.weight", "ln1.weight")
 REPORTED = ("ignored", "dtype_changes", "notes", "missing", "unknown_fields", "verified_max_abs_diff")

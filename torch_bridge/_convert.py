@@ -16,8 +16,8 @@ from flax import nnx
 from jaxckpt._checks import require_finite
 from jaxckpt.nn import Block, Transformer, TransformerConfig
 from torch_bridge._archs import Architecture, architecture
-from torch_bridge._dlpack import numpy_dtype, tensor_to_numpy
 from torch_bridge._table import Rule
+from torch_bridge.interop import numpy_dtype, tensor_to_numpy
 
 LIST_AT_MOST = 8  # entries of each kind an error message lists
 

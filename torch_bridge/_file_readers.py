@@ -13,8 +13,7 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
-from torch_bridge._dlpack import numpy_dtype, tensor_to_numpy
-from torch_bridge._torch import torch
+from torch_bridge.interop import numpy_dtype, tensor_to_numpy, torch
 
 SAFETENSORS_DTYPES = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,

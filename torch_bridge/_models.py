@@ -11,20 +11,19 @@ from flax import nnx
 
 from jaxckpt.nn import Block, Transformer, TransformerConfig, from_params
 from torch_bridge._archs import Architecture, architecture, seed_block_config
+from torch_bridge._config import Translation, translate
 from torch_bridge._convert import (
     ConversionReport,
     convert_state_dict,
     export_state_dict,
     model_class,
 )
-from torch_bridge._hf_config import Translation, translate
-from torch_bridge._hf_kept import kept_fields
-from torch_bridge._hf_schema import hf_name, hf_names, read_config_json
 from torch_bridge._save import save_hf as save_hf  # re-exported: torch_bridge imports them from here
 from torch_bridge._save import write_hf as write_hf
 from torch_bridge._sources import find_config, open_tensors
 from torch_bridge._verify import verify as run_verify
 from torch_bridge._writers import write_torch_file
+from torch_bridge.hf import hf_name, hf_names, kept_fields, read_config_json
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 DTYPES |= {"fp16": "float16", "float16": "float16"}
@@ -92,7 +91,7 @@ class Converted:
         numpy arrays of the model's ``nnx.Param`` state. report: what did not map cleanly.
         hf_fields: the names and ids of the source ``config.json`` that the config does not
             carry (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``_name_or_path``,
-            generation defaults; ``torch_bridge._hf_kept.KEPT``), for ``save_hf(...,
+            generation defaults; ``torch_bridge.hf._kept.KEPT``), for ``save_hf(...,
             hf_fields=...)`` to write back. Empty when read with a ``TransformerConfig``.
 
     Example:

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from jaxckpt.nn import TransformerConfig
-from torch_bridge._hf_kept import kept_fields
 from torch_bridge._models import config_from_hf, read_checkpoint
+from torch_bridge.hf import kept_fields
 
 
 def config(path: "str | os.PathLike") -> TransformerConfig:

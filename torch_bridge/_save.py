@@ -22,10 +22,10 @@ from jaxckpt.nn import Block, Transformer, TransformerConfig
 from torch_bridge._archs import architecture
 from torch_bridge._atomic import atomic_output, writing
 from torch_bridge._convert import common_dtype, export_order, flatten, listing, target_shapes
-from torch_bridge._hf_kept import check_kept
-from torch_bridge._merge import merge_lora
 from torch_bridge._table import Rule
 from torch_bridge._writers import parse_shard_size, write_safetensors
+from torch_bridge.hf import check_kept
+from torch_bridge.peft import merge_lora
 
 
 def write_hf(

@@ -1,6 +1,6 @@
 """``verify=True``: the converted model's logits against transformers' own, on a fixed input.
 
-The field classes of ``_hf_fields`` decide, by name, which config fields can be ignored;
+The field classes of ``hf._fields`` decide, by name, which config fields can be ignored;
 this is the check by numbers. transformers loads the same directory
 (``AutoModelForCausalLM.from_pretrained``, eager attention, the jaxckpt model's dtype),
 both models run on ``VERIFY_SHAPE`` fixed token ids, and the logits are compared in fp32.
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxckpt.nn import TransformerConfig
-from torch_bridge._torch import torch
+from torch_bridge.interop import torch
 
 TOLERANCES = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 """Per dtype, the largest logit difference allowed, as a fraction of ``max(1, max |logit|)``."""

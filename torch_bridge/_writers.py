@@ -15,9 +15,8 @@ import numpy as np
 
 from jaxckpt._sizes import parse_size
 from torch_bridge._atomic import atomic_output, writing
-from torch_bridge._dlpack import numpy_to_tensor
 from torch_bridge._file_readers import SAFETENSORS_DTYPES
-from torch_bridge._torch import torch
+from torch_bridge.interop import numpy_to_tensor, torch
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torch_bridge import call_torch
-from torch_bridge._torch import torch
+from torch_bridge.interop._torch import torch
 
 SIZE = 7
 FULL_CALLS = 2000

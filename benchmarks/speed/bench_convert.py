@@ -336,7 +336,7 @@ def _own_call_overhead(calls: int) -> dict:
     import jax.numpy as jnp
 
     from torch_bridge import call_torch
-    from torch_bridge._torch import torch
+    from torch_bridge.interop._torch import torch
 
     sin = call_torch(torch().sin, lambda x: x)
     grad = lambda f: jax.jit(jax.grad(lambda x: f(x).sum()))

@@ -7,16 +7,9 @@ and the implementation registry that backends such as ``npu_backend`` plug into.
 """
 
 from jaxckpt.attention._api import flash_attention
+from jaxckpt.attention._autotune import autotune_pallas_blocks
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._dropout import dropout_mask
-from jaxckpt.attention._pallas_blocks import MAX_HEAD_DIM as PALLAS_MAX_HEAD_DIM
-from jaxckpt.attention._pallas_blocks import (
-    PallasBlocks,
-    default_pallas_blocks,
-    pallas_blocks,
-    set_pallas_blocks,
-)
-from jaxckpt.attention._pallas_tune import autotune_pallas_blocks
 from jaxckpt.attention._platform import PLATFORMS, compiling_for, platform
 from jaxckpt.attention._reference import attention_reference, full_mask
 from jaxckpt.attention._registry import (
@@ -28,6 +21,13 @@ from jaxckpt.attention._registry import (
     register_implementation,
 )
 from jaxckpt.attention._validate import AttentionInputs, normalize
+from jaxckpt.attention.pallas import MAX_HEAD_DIM as PALLAS_MAX_HEAD_DIM
+from jaxckpt.attention.pallas import (
+    PallasBlocks,
+    default_pallas_blocks,
+    pallas_blocks,
+    set_pallas_blocks,
+)
 
 __all__ = [
     "FEATURES",

@@ -4,11 +4,11 @@ from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._blockwise import blockwise_attention
 from jaxckpt.attention._cudnn import cudnn_attention, cudnn_fits, cudnn_unavailable
 from jaxckpt.attention._jax_nn import JAX_NN_FEATURES, jax_nn_attention
-from jaxckpt.attention._pallas import pallas_attention, pallas_fits, pallas_note
 from jaxckpt.attention._reference import reference_normalized
 from jaxckpt.attention._registry import features_used, implementations, lookup, register_implementation
 from jaxckpt.attention._signature import entry_point
 from jaxckpt.attention._validate import AttentionInputs
+from jaxckpt.attention.pallas import pallas_attention, pallas_fits, pallas_note
 
 register_implementation("blockwise", blockwise_attention)
 register_implementation("reference", lambda p, block_sizes: reference_normalized(p), materializes_scores=True)

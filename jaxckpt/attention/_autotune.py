@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxckpt.attention._api import flash_attention
-from jaxckpt.attention._pallas_blocks import PallasBlocks, padded_head_dim, set_pallas_blocks
 from jaxckpt.attention._platform import platform
+from jaxckpt.attention.pallas import PallasBlocks, padded_head_dim, set_pallas_blocks
 
 
 def _seconds(fn: Callable, repeats: int) -> float:

@@ -143,7 +143,8 @@ def save_run_file(directory: str | os.PathLike, run: dict) -> Path:
 def with_run_file(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``argv`` with the tokens of the run file its ``--config`` names put in front of the
     subcommand's own flags, so that the flags typed override the file's. ``argv`` unchanged
-    without ``--config``."""
+    without ``--config``, or for a subcommand that takes no run file (one that takes them sets
+    the ``run_parser`` default to its parser)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("command", nargs="?")
     pre.add_argument("--config")
@@ -151,7 +152,7 @@ def with_run_file(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
     if known.config is None or known.command is None:
         return argv
     sub = _subparser(parser, known.command)
-    if sub is None or not any("--config" in a.option_strings for a in sub._actions):
+    if sub is None or sub.get_default("run_parser") is None:  # convert's --config is a config.json
         return argv
     values = read_run_file(known.config)
     at = argv.index(known.command) + 1

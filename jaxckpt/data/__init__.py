@@ -5,14 +5,13 @@ No model and no training here: ``jaxckpt.train`` feeds these batches to the mode
 """
 
 from jaxckpt.data._example import DataError, Example
-from jaxckpt.data._tokenizer_files import TOKENIZER_FILES, copy_tokenizer_files, tokenizer_files
+from jaxckpt.data.tokenizer import TOKENIZER_FILES, copy_tokenizer_files, tokenizer_files
 
 # >>> tokenizer and chat (helper A1) >>>
 # isort: split
 from jaxckpt.data._chat import CHAT_ROLES
 from jaxckpt.data._records import RECORD_SHAPES, encode_record, record_shape
-from jaxckpt.data._tokenizer import ByteTokenizer, Tokenizer
-from jaxckpt.data._tokenizer_load import load_tokenizer
+from jaxckpt.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 # <<< tokenizer and chat <<<
 
@@ -25,7 +24,7 @@ from jaxckpt.data._readers import SUPPORTED_SUFFIXES, read_records
 # <<< readers and packing <<<
 
 # isort: split
-from jaxckpt.data._tokenizer_source import BYTES, tokenizer_for, tokenizer_name
+from jaxckpt.data.tokenizer import BYTES, tokenizer_for, tokenizer_name
 
 __all__ = [
     "BYTES",

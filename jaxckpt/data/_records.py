@@ -99,7 +99,7 @@ def encode_record(record: dict, tokenizer, *, where: str) -> Example:
             without a chat template for a conversation.
 
     Example:
-        >>> from jaxckpt.data._tokenizer import ByteTokenizer
+        >>> from jaxckpt.data.tokenizer._tokenizers import ByteTokenizer
         >>> ex = encode_record({"prompt": "Q", "completion": "A!"}, ByteTokenizer(), where="x:1")
         >>> ex.ids.tolist(), ex.loss_mask.tolist()
         ([81, 65, 33], [False, True, True])

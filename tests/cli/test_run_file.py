@@ -83,3 +83,12 @@ def test_training_from_a_run_file_saves_the_resolved_run_beside_the_checkpoints(
     saved = yaml.safe_load((out / "run.yaml").read_text())
     assert saved == _printed(capsys, "--config", str(path), "--steps", "2", "--checkpoint-dir", str(out))
     assert saved["steps"] == 2 and saved["checkpoint_dir"] == str(out)
+
+
+def test_other_subcommands_keep_their_own_config_flag(tmp_path):
+    """``convert --config`` is a Hugging Face config.json, not a run file."""
+    from jaxckpt.cli._main import build_parser
+    from jaxckpt.cli._run_file import with_run_file
+
+    argv = ["convert", "in.bin", "out", "--config", str(tmp_path / "config.json")]
+    assert with_run_file(build_parser(), argv) == argv

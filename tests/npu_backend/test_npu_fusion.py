@@ -1,7 +1,7 @@
 """The NPU route (JAX -> call_torch -> npu_fusion_attention(_grad) -> custom_vjp) against
 ``jaxckpt.attention_reference``: outputs, log-sum-exps and gradients.
 
-On this CPU the op contract's plain-torch reference (``npu_backend.reference``) stands in
+On this CPU the op contract's plain-torch reference (``npu_backend.emulator``) stands in
 for torch_npu (``implementation="npu_reference"``). The same cases run against the real
 kernels (``implementation="npu"``), marked ``npu``, wherever torch_npu sees an NPU.
 """

@@ -1,4 +1,4 @@
-"""npu_backend.reference: outputs, layouts, heads, sparse modes, masks, pse and dropout,
+"""npu_backend.emulator: outputs, layouts, heads, sparse modes, masks, pse and dropout,
 against the direct formula and torch.autograd (helpers in ``npu_reference_cases``)."""
 
 import pytest
@@ -22,7 +22,7 @@ from npu_reference_cases import (  # noqa: E402
     _to,
 )
 
-from npu_backend import reference as ref  # noqa: E402
+from npu_backend import emulator as ref  # noqa: E402
 
 # ---- outputs, layouts, heads ---------------------------------------------------------------
 

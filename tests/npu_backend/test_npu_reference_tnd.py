@@ -1,4 +1,4 @@
-"""npu_backend.reference: the TND (variable length) layout, half precision, and the
+"""npu_backend.emulator: the TND (variable length) layout, half precision, and the
 errors that name the argument (helpers in ``npu_reference_cases``)."""
 
 import itertools
@@ -23,7 +23,7 @@ from npu_reference_cases import (  # noqa: E402
     _randn,
 )
 
-from npu_backend import reference as ref  # noqa: E402
+from npu_backend import emulator as ref  # noqa: E402
 
 # ---- TND -----------------------------------------------------------------------------------
 

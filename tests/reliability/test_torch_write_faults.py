@@ -38,7 +38,7 @@ from torch_bridge import (  # noqa: E402
     save_seed_block,
     seed_block_config,
 )
-from torch_bridge._peft import write_peft_adapter  # noqa: E402
+from torch_bridge.peft._adapter import write_peft_adapter  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_bridge._call_torch import VMAP_METHODS, call_torch  # noqa: E402
+from torch_bridge.interop._call_torch import VMAP_METHODS, call_torch  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -11,8 +11,8 @@ import torch_bridge
 from jaxckpt._warnings import JaxckptWarning
 from jaxckpt.nn import TransformerConfig
 from torch_bridge._archs import ARCHITECTURES, architecture_of
-from torch_bridge._hf_config import translate
-from torch_bridge._hf_fields import USED
+from torch_bridge._config import translate
+from torch_bridge.hf._fields import USED
 
 # ---------------------------------------------------------------- released config.json files
 # As published (every field name kept); long longrope factor lists are generated.

@@ -1,4 +1,4 @@
-"""torch_bridge._dlpack: zero-copy torch <-> JAX conversion, its copies and its errors."""
+"""torch_bridge.interop._dlpack: zero-copy torch <-> JAX conversion, its copies and its errors."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_bridge._dlpack import DLPACK_DTYPES, tensor_to_numpy, to_jax, to_torch, torch_dtype  # noqa: E402
+from torch_bridge.interop._dlpack import DLPACK_DTYPES, tensor_to_numpy, to_jax, to_torch, torch_dtype  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

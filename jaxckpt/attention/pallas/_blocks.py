@@ -13,7 +13,7 @@ and JAX's own ``pallas.ops.gpu.attention``):
 - fp32 operands take twice the bytes: every block is halved; so is a head dim of 256;
 - 4 warps up to ``Hp = 64``, 8 above (the accumulators need the registers).
 
-None of this was measured here (no GPU): ``autotune_pallas_blocks`` (``_pallas_tune.py``)
+None of this was measured here (no GPU): ``autotune_pallas_blocks`` (``jaxckpt.attention._autotune``)
 times candidates on a GPU and :func:`set_pallas_blocks` records the winner for a
 ``(head dim, dtype)``, which every later call then uses.
 """

@@ -21,15 +21,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxckpt.attention import _pallas_tile as tile
-from jaxckpt.attention._pallas_fwd import (
+from jaxckpt.attention.pallas import _tile as tile
+from jaxckpt.attention.pallas._fwd import (
     bounds_spec,
     extras_specs,
     flat_extras,
     run_kernel,
     unflat_extras,
 )
-from jaxckpt.attention._pallas_layout import Layout
+from jaxckpt.attention.pallas._layout import Layout
 
 
 def _delta_kernel(o_ref, do_ref, delta_ref):

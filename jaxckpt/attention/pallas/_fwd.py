@@ -1,7 +1,7 @@
 """FlashAttention-2 forward as a Pallas kernel: one program per (query block, b, n).
 
 Each program keeps its ``[bq, Hp]`` query block, runs an online softmax over the key
-blocks ``lo[i] .. hi[i]`` (the work-skipping bounds of ``_pallas_layout.block_bounds``)
+blocks ``lo[i] .. hi[i]`` (the work-skipping bounds of ``pallas._layout.block_bounds``)
 with fp32 statistics and accumulator, and writes ``out`` (the input dtype) and the
 log-sum-exp (fp32; ``-inf`` and ``out = 0`` for a row that sees no key). K and V are
 read at head ``n // G``: GQA without repeating them.
@@ -9,7 +9,7 @@ read at head ``n // G``: GQA without repeating them.
 The refs a kernel receives are described once, by :func:`specs`, for every kernel: the
 row-side operands blocked like the kernel's query axis, the key side whole (or blocked
 like its key axis in the dK/dV kernel), the extras (ids, bias, mask, seed) as
-``_pallas_tile.Extras``.
+``pallas._tile.Extras``.
 """
 
 import functools
@@ -20,9 +20,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxckpt.attention import _pallas_tile as tile
-from jaxckpt.attention._pallas_layout import Layout
 from jaxckpt.attention._vma import vary_like
+from jaxckpt.attention.pallas import _tile as tile
+from jaxckpt.attention.pallas._layout import Layout
 
 
 def extras_specs(lay: Layout, extras: tile.Extras, *, per_group: bool):
@@ -51,7 +51,7 @@ def extras_specs(lay: Layout, extras: tile.Extras, *, per_group: bool):
 
 
 def flat_extras(extras: tile.Extras) -> list:
-    """The extras that are present, in :class:`~jaxckpt.attention._pallas_tile.Extras` order."""
+    """The extras that are present, in :class:`~jaxckpt.attention.pallas._tile.Extras` order."""
     return [x for x in extras if x is not None]
 
 

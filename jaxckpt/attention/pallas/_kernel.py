@@ -8,8 +8,8 @@ for a GPU target) the kernels lower to Triton; on any other backend the very sam
 kernels run in the Pallas interpreter (``pallas_call(interpret=True)``): slow, for
 testing.
 
-Padding: T and S to whole blocks, H to a power of two (``_pallas_layout``). The blocks
-are :func:`~jaxckpt.attention._pallas_blocks.pallas_blocks` unless ``block_sizes`` is
+Padding: T and S to whole blocks, H to a power of two (``pallas._layout``). The blocks
+are :func:`~jaxckpt.attention.pallas._blocks.pallas_blocks` unless ``block_sizes`` is
 given, which then sets all three kernels' ``(block_q, block_k)``.
 """
 
@@ -17,12 +17,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxckpt.attention import _dropout
-from jaxckpt.attention import _pallas_bwd as bwd
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._flash_vjp import Residuals, flash_vjp
-from jaxckpt.attention._pallas_blocks import MAX_HEAD_DIM, PallasBlocks, padded_head_dim, pallas_blocks
-from jaxckpt.attention._pallas_fwd import forward
-from jaxckpt.attention._pallas_layout import (
+from jaxckpt.attention._platform import platform
+from jaxckpt.attention._validate import AttentionInputs, MaskArrays
+from jaxckpt.attention._vma import varying_axes
+from jaxckpt.attention.pallas import _bwd as bwd
+from jaxckpt.attention.pallas._blocks import MAX_HEAD_DIM, PallasBlocks, padded_head_dim, pallas_blocks
+from jaxckpt.attention.pallas._fwd import forward
+from jaxckpt.attention.pallas._layout import (
     Layout,
     block_bounds,
     pad_keys,
@@ -31,10 +34,7 @@ from jaxckpt.attention._pallas_layout import (
     pad_stats,
     position_ids,
 )
-from jaxckpt.attention._pallas_tile import Extras
-from jaxckpt.attention._platform import platform
-from jaxckpt.attention._validate import AttentionInputs, MaskArrays
-from jaxckpt.attention._vma import varying_axes
+from jaxckpt.attention.pallas._tile import Extras
 
 
 def _extras(lay: Layout, bias, arrays: MaskArrays, seed) -> Extras:

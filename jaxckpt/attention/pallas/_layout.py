@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxckpt.attention._masks import classify_tiles, loop_bounds
-from jaxckpt.attention._pallas_blocks import padded_head_dim
 from jaxckpt.attention._validate import AttentionInputs, MaskArrays, Static
+from jaxckpt.attention.pallas._blocks import padded_head_dim
 
 Q_OUTSIDE = jnp.iinfo(jnp.int32).min
 KV_OUTSIDE = jnp.iinfo(jnp.int32).min + 1

@@ -18,7 +18,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxckpt.attention import _dropout
 from jaxckpt.attention._masks import visible
-from jaxckpt.attention._pallas_layout import Layout
+from jaxckpt.attention.pallas._layout import Layout
 
 
 class Extras(NamedTuple):

@@ -1,4 +1,4 @@
-"""Argument checking and segmentation for :mod:`npu_backend.reference`.
+"""Argument checking and segmentation for :mod:`npu_backend.emulator`.
 
 Private helper. :func:`problem` turns query/key/value in any layout into fp32
 tensors plus a list of segments (the batch, or one TND sequence each);
@@ -14,8 +14,8 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 import torch
 
-from npu_backend import _reference_core as core
-from npu_backend import _reference_masks as masks
+from npu_backend.emulator import _core as core
+from npu_backend.emulator import _masks as masks
 
 LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -1,6 +1,6 @@
 """Hugging Face ``config.json`` -> ``TransformerConfig`` fields, one reader per family.
 
-Each reader takes the config dict (already sorted into field classes by ``_hf_fields``)
+Each reader takes the config dict (already sorted into field classes by ``_fields``)
 and a list to append notes to, and returns the ``TransformerConfig`` keyword arguments
 (without the dtype). Defaults and derivations are transformers' (its ``*Config`` classes
 and modeling code): a field the config leaves out takes the value transformers would use,
@@ -11,8 +11,8 @@ except the sizes of a top-level config, which are required (a missing one raises
 from collections.abc import Mapping
 
 from jaxckpt.nn import period
-from torch_bridge._hf_common import flat_rope_params, layer_kind, read_layer_types, read_rope
-from torch_bridge._hf_fields import refusal
+from torch_bridge.hf._common import flat_rope_params, layer_kind, read_layer_types, read_rope
+from torch_bridge.hf._fields import refusal
 
 REQUIRED = object()
 """The default of a field the config must give."""

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from jaxckpt.data._example import DataError
-from jaxckpt.data._tokenizer import ByteTokenizer, Tokenizer
-from jaxckpt.data._tokenizer_load import load_tokenizer
+from jaxckpt.data.tokenizer._load import load_tokenizer
+from jaxckpt.data.tokenizer._tokenizers import ByteTokenizer, Tokenizer
 
 BYTES = "bytes"
 """The ``--tokenizer`` value (and ``jaxckpt.json``'s ``"tokenizer"``) of the byte-level tokenizer."""

@@ -9,7 +9,7 @@ RoPE: a ``rope_parameters`` dict (transformers >= 5) or ``rope_theta`` + ``rope_
 from collections.abc import Mapping
 
 from jaxckpt.nn import LAYER_KINDS, RopeScaling, TransformerConfig
-from torch_bridge._hf_fields import refusal
+from torch_bridge.hf._fields import refusal
 
 SCALING_KEYS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),

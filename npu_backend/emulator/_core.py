@@ -1,4 +1,4 @@
-"""Layouts, dropout bits and the fp32 attention math behind :mod:`npu_backend.reference`.
+"""Layouts, dropout bits and the fp32 attention math behind :mod:`npu_backend.emulator`.
 
 Private helper. The math works on one segment in BNSD and fp32: query
 ``[b, N1, Sq, D]``, key ``[b, N2, Skv, D]``, value ``[b, N2, Skv, Dv]``, where

@@ -3,11 +3,11 @@
 Each writer refuses (``ValueError`` naming the field) a config its family cannot express,
 and writes the transformers >= 5 form (``rope_parameters``, ``layer_types``) that
 ``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained`` read back to the same
-architecture (and ``_hf_readers`` to the same config).
+architecture (and ``_readers`` to the same config).
 """
 
 from jaxckpt.nn import TransformerConfig
-from torch_bridge._hf_common import hf_layer_types, hf_rope, kinds_of
+from torch_bridge.hf._common import hf_layer_types, hf_rope, kinds_of
 
 _OFF = dict(
     qk_norm=False,

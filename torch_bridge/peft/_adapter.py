@@ -12,7 +12,7 @@ The module of each target comes from the family's conversion table (``_archs``):
 that holds the target's kernel alone. A kernel that Hugging Face stores fused with others
 (GPT-2's ``c_attn`` holds q, k and v; Phi-3's ``qkv_proj`` and ``gate_up_proj``) has no
 module of its own, so an adapter on it is refused, naming the fused module.
-``_peft_load`` reads these directories back.
+``_load`` reads these directories back.
 """
 
 import dataclasses
@@ -28,9 +28,9 @@ from jaxckpt.nn import LORA_TARGETS, Transformer, TransformerConfig
 from torch_bridge._archs import Architecture, architecture
 from torch_bridge._atomic import atomic_output, writing
 from torch_bridge._convert import flatten, target_shapes
-from torch_bridge._merge import LORA
 from torch_bridge._table import LAYER
 from torch_bridge._writers import _write_shard
+from torch_bridge.peft._merge import LORA
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

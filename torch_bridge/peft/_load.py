@@ -17,10 +17,10 @@ from flax import nnx
 from jaxckpt.nn import LORA_TARGETS, LoraConfig, Transformer, TransformerConfig
 from torch_bridge._archs import Architecture, architecture
 from torch_bridge._convert import common_dtype, flatten, listing, target_shapes, unflatten
-from torch_bridge._merge import LORA
-from torch_bridge._peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, adapter_modules, fused_modules
 from torch_bridge._sources import open_tensors
 from torch_bridge._table import LAYER
+from torch_bridge.peft._adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, adapter_modules, fused_modules
+from torch_bridge.peft._merge import LORA
 
 WEIGHT_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin")
 """The adapter's weight file, in the order looked for (peft's ``safe_serialization=False``

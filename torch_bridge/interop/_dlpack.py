@@ -26,7 +26,7 @@ import functools
 import jax
 import numpy as np
 
-from torch_bridge._torch import torch
+from torch_bridge.interop._torch import torch
 
 __all__ = [
     "DLPACK_DTYPES",

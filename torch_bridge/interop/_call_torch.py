@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from torch_bridge._dlpack import tensor_to_numpy, to_torch, torch_dtype
-from torch_bridge._torch import torch
+from torch_bridge.interop._dlpack import tensor_to_numpy, to_torch, torch_dtype
+from torch_bridge.interop._torch import torch
 
 __all__ = ["VMAP_METHODS", "call_torch"]
 

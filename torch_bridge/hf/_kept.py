@@ -3,7 +3,7 @@ generation defaults (``hf_fields`` of ``Converted``, ``write_hf`` and ``save_hf`
 
 A ``TransformerConfig`` holds what changes the numbers; a checkpoint's ``config.json`` also
 names its tokenizer's special ids (``bos_token_id``, ``eos_token_id``, ``pad_token_id``), its
-origin (``_name_or_path``) and sampling defaults. They are class 2 (``_hf_fields``: known
+origin (``_name_or_path``) and sampling defaults. They are class 2 (``_fields``: known
 not to change the numbers), so reading ignores them; ``kept_fields`` collects them, and
 ``check_kept`` vets what a caller asks ``write_hf`` to write back.
 
@@ -13,7 +13,7 @@ The writer owns the fields that say which model and dtype the directory holds
 
 from collections.abc import Mapping
 
-from torch_bridge._hf_fields import GENERATION, NAMES_AND_IDS
+from torch_bridge.hf._fields import GENERATION, NAMES_AND_IDS
 
 WRITER_OWNED = frozenset(
     {"model_type", "architectures", "torch_dtype", "dtype", "use_bfloat16"}
@@ -66,7 +66,7 @@ def check_kept(hf_fields: "Mapping | None") -> dict:
         if field not in KEPT:
             raise ValueError(
                 f"hf_fields: {field}={value!r} is not a name, id or generation field; hf_fields carries "
-                "only those (torch_bridge._hf_kept.KEPT), so that it cannot change the model the "
+                "only those (torch_bridge.hf._kept.KEPT), so that it cannot change the model the "
                 "directory holds; change the model's TransformerConfig instead"
             )
     return dict(hf_fields)

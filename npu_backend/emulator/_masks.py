@@ -1,6 +1,6 @@
 """Which (query, key) pairs ``npu_fusion_attention`` computes, for each ``sparse_mode``.
 
-Private helper of :mod:`npu_backend.reference`. A mask here is a boolean tensor
+Private helper of :mod:`npu_backend.emulator`. A mask here is a boolean tensor
 that is True where the pair is masked OUT (the op's own convention for
 ``atten_mask``), broadcastable to ``[b, N1, Sq, Skv]`` for one segment: the whole
 batch for BSH/SBH/BSND/BNSD, one sequence for TND (indices are then local to it).
@@ -71,14 +71,14 @@ def check_compressed(atten_mask: torch.Tensor, sparse_mode: int) -> None:
     if tuple(atten_mask.shape) != want:
         raise ValueError(
             f"sparse_mode={sparse_mode} needs the compressed atten_mask of shape {want} "
-            f"(npu_backend.reference.compressed_causal_mask()); got {tuple(atten_mask.shape)=}. "
+            f"(npu_backend.emulator.compressed_causal_mask()); got {tuple(atten_mask.shape)=}. "
             "A full [Sq, Skv] mask goes with sparse_mode=0 or 1."
         )
     if not torch.equal(atten_mask.to(torch.bool).cpu(), _canonical_compressed()):
         raise ValueError(
             f"sparse_mode={sparse_mode}: atten_mask has the compressed shape but not its content; "
             "it must equal torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1) "
-            "(npu_backend.reference.compressed_causal_mask())."
+            "(npu_backend.emulator.compressed_causal_mask())."
         )
 
 

@@ -2,7 +2,7 @@
 
 ``translate`` is the one entry: it finds the family of a config dict by its
 ``model_type`` (the ``ARCHITECTURES`` registry), sorts its fields into classes
-(``_hf_fields``: used, harmless, refused, unknown), and reads it (the family's ``read``);
+(``hf._fields``: used, harmless, refused, unknown), and reads it (the family's ``read``);
 its ``hf_config`` goes back. No field is silently dropped: an unknown one is listed,
 warned about once, or (``strict``) refused.
 """
@@ -11,8 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from torch_bridge._archs import architecture_of
-from torch_bridge._hf_fields import classify, report_unknown
-from torch_bridge._hf_schema import check_types
+from torch_bridge.hf import check_types, classify, report_unknown
 
 MULTIMODAL_NOTE = (
     "model_type='gemma3' is multimodal: only its language model (text_config) is read; the vision "
@@ -50,7 +49,7 @@ def translate(hf: Mapping, source: str = "config.json", *, strict: bool = False)
 
     Raises:
         ValueError: naming ``source`` and the field: a config that is not an object, a field
-            of the wrong type (``_hf_schema.FIELDS``), a model_type with no family, a field
+            of the wrong type (``hf._schema.FIELDS``), a model_type with no family, a field
             jaxckpt cannot honour (with the reason), a missing required field, or (strict)
             an unknown one.
 

@@ -26,7 +26,7 @@ import tokenizers
 
 from jaxckpt._warnings import JaxckptWarning
 from jaxckpt.data._example import DataError
-from jaxckpt.data._tokenizer import Tokenizer
+from jaxckpt.data.tokenizer._tokenizers import Tokenizer
 
 _NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """transformers' ``SPECIAL_TOKENS_ATTRIBUTES``: the token names every chat template sees."""
