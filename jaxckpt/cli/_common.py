@@ -97,3 +97,19 @@ def add_optimizer_arguments(p, *, loss_scale: bool = True) -> None:
             help="loss scaling: dynamic (skips non-finite steps), none, a static scale N, or auto "
             "(dynamic for a float16 model; the default)",
         )
+
+
+def optimizer_config(args) -> train.OptimizerConfig:
+    """The ``train.OptimizerConfig`` that ``add_optimizer_arguments``' flags (and ``--lr``,
+    where the command has it) describe: the one object ``train`` trains with and ``plan``
+    plans for."""
+    fields = {
+        "name": args.optimizer,
+        "moments_dtype": args.moments_dtype,
+        "offload": args.offload_optimizer,
+        "offload_master": args.offload_master,
+    }
+    for name, flag in (("learning_rate", "lr"), ("loss_scale", "loss_scale")):
+        if getattr(args, flag, None) is not None:
+            fields[name] = getattr(args, flag)
+    return train.OptimizerConfig(**fields)

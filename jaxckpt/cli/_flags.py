@@ -20,10 +20,20 @@ FLAGS: dict[str, str] = {
     "attention": "--attention",
     "batch": "--batch",
     "budget": "--budget",
+    "checkpoint.dir": "--checkpoint-dir",
+    "checkpoint.every": "--checkpoint-every",
+    "checkpoint.force": "--force",
+    "checkpoint.resume": "--resume",
     "checkpoint_dir": "--checkpoint-dir",
     "checkpoint_every": "--checkpoint-every",
     "coordinator": "--coordinator",
     "data": "--data",
+    "data.eval_every": "--eval-every",
+    "data.eval_path": "--eval-data",
+    "data.eval_split": "--eval-split",
+    "data.path": "--data",
+    "data.text_per_line": "--text-per-line",
+    "data.tokenizer": "--tokenizer",
     "devices": "--devices",
     "eval_data": "--eval-data",
     "eval_every": "--eval-every",
@@ -46,7 +56,8 @@ FLAGS: dict[str, str] = {
     "text_per_line": "--text-per-line",
     "tokenizer": "--tokenizer",
 }
-"""Python argument -> flag, for the names every subcommand spells alike (extend it here).
+"""Python argument (or ``train.RunConfig`` field, dotted) -> flag, for the names every
+subcommand spells alike (extend it here).
 
 A subcommand whose flags differ (``jaxckpt convert``'s ``--config`` is a config.json, not
 a model preset) adds or overrides entries with ``parser.set_defaults(flags={...})``."""

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.measure import Measurement
 
 from jaxckpt import nn, plan, remat
-from jaxckpt.cli._common import add_lora_arguments, add_optimizer_arguments
+from jaxckpt.cli._common import add_lora_arguments, add_optimizer_arguments, optimizer_config
 from jaxckpt.cli._flags import FLAGS, flag_message
 from jaxckpt.cli._plan_table import attempts_line, chosen_line, compiler_label, table
 
@@ -47,8 +47,7 @@ PLAN_FLAGS = {
     "lora": "--lora",
     "quantize_base": "--quantize-base",
     "moments_dtype": "--moments-dtype",
-    "optimizer_placement": "--offload-optimizer",
-    "master_placement": "--offload-master",
+    "optimizer.offload_master": "--offload-master",
 }
 """Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
 has the rest)."""
@@ -208,11 +207,8 @@ def run(args: argparse.Namespace) -> int:
         args.batch,
         args.seq,
         micro_batches=args.micro_batches,
-        optimizer=args.optimizer,
+        optimizer=optimizer_config(args),
         devices=args.devices,
-        moments_dtype=args.moments_dtype,
-        optimizer_placement="host" if args.offload_optimizer else "device",
-        master_placement="host" if args.offload_master else "device",
     )
     target, target_note = compile_target(args)
     notes = [n for n in (dtype_note, target_note) if n]

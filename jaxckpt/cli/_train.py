@@ -9,7 +9,7 @@ from rich.console import Console
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import implementations
-from jaxckpt.cli._common import OPTIMIZER_FLAGS, add_lora_arguments, add_optimizer_arguments
+from jaxckpt.cli._common import OPTIMIZER_FLAGS, add_lora_arguments, add_optimizer_arguments, optimizer_config
 from jaxckpt.cli._run_file import RUN_FILE_NAME, resolved_run, run_yaml, save_run_file
 
 
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--remat",
-        help=f"remat preset ({', '.join(remat.PRESETS)}), or 'auto' (needs --budget); default: the config's",
+        help=f"remat preset ({', '.join(remat.PRESETS)}), or 'auto' (needs --budget); default: full",
     )
     p.add_argument("--budget", help="device memory for --remat auto, e.g. 30GiB, 32GB or bytes")
     p.add_argument(
@@ -126,52 +126,16 @@ def run(args: argparse.Namespace) -> int:
     _initialize_distributed(args)  # before anything touches JAX devices
     if args.verbose:
         logging.getLogger(train.VERBOSE_LOGGER).setLevel(logging.DEBUG)
-    given = (
-        ("n_layers", args.layers),
-        ("remat", args.remat),
-        ("attention", args.attention),
-        ("budget", args.budget),
-        ("dtype", args.dtype),
-        ("param_dtype", args.param_dtype),
-    )
+    given = (("n_layers", args.layers), ("dtype", args.dtype), ("param_dtype", args.param_dtype))
     overrides = {k: v for k, v in given if v is not None} | _lora_overrides(args)
     if args.init_from is not None and args.model is None:
         config = train.source_config(args.init_from, name="init_from").replace(**overrides)
     else:
         config = nn.TransformerConfig.preset(args.model or "tiny", **overrides)
-    sizes = dict(batch=args.batch, seq=args.seq, micro_batches=args.micro_batches)
-    optimizer = train.OptimizerConfig(
-        learning_rate=args.lr,
-        name=args.optimizer,
-        moments_dtype=args.moments_dtype,
-        offload=args.offload_optimizer,
-        offload_master=args.offload_master,
-        loss_scale=args.loss_scale,
-    )
-    # remat="auto": the planner picks the spec first (train never plans), for this optimizer
-    config, memory_plan = plan.resolve_auto(config, **sizes, mesh=args.mesh, optimizer=optimizer)
-    result = train.train(
-        config,
-        steps=args.steps,
-        **sizes,
-        data=args.data,
-        seed=args.seed,
-        optimizer=optimizer,
-        tokenizer=args.tokenizer,
-        text_per_line=args.text_per_line,
-        eval_data=args.eval_data,
-        eval_split=args.eval_split,
-        eval_every=args.eval_every,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        force=args.force,
-        init_from=args.init_from,
-        progress=not args.json,
-        mesh=args.mesh,
-        plan=memory_plan,
-        on_nonfinite=args.on_nonfinite,
-    )
+    run_config = train_run(args)
+    # remat="auto": the planner picks the spec first (train never plans), for this run
+    run_config, memory_plan = plan.resolve_auto(config, run_config)
+    result = train.train(config, run_config, plan=memory_plan)
     if not train.is_primary():
         return 0
     if args.checkpoint_dir is not None:
@@ -207,6 +171,36 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
     return 0
+
+
+def train_run(args: argparse.Namespace) -> train.RunConfig:
+    """The ``train.RunConfig`` that the flags describe (its checks name the fields, which
+    ``jaxckpt.cli._flags`` writes as the flags)."""
+    memory = {name: getattr(args, name) for name in ("remat", "attention", "budget")}
+    return train.RunConfig(
+        steps=args.steps,
+        batch=args.batch,
+        seq=args.seq,
+        micro_batches=args.micro_batches,
+        seed=args.seed,
+        data=train.DataConfig(
+            path=args.data,
+            tokenizer=args.tokenizer,
+            text_per_line=args.text_per_line,
+            eval_path=args.eval_data,
+            eval_split=args.eval_split,
+            eval_every=args.eval_every,
+        ),
+        optimizer=optimizer_config(args),
+        checkpoint=train.CheckpointConfig(
+            dir=args.checkpoint_dir, every=args.checkpoint_every, resume=args.resume, force=args.force
+        ),
+        init_from=args.init_from,
+        mesh=args.mesh,
+        on_nonfinite=args.on_nonfinite,
+        progress=not args.json,
+        **{k: v for k, v in memory.items() if v is not None},
+    )
 
 
 def run_lines(result: train.TrainRun, resume: bool, checkpoint_dir) -> list[str]:

@@ -81,7 +81,7 @@ def compare(
     attention, no remat) that memory, speed and gradients are compared against.
 
     Args:
-        config: the model; its ``attention`` and ``remat`` are replaced per row.
+        config: the model; each row runs it with its own attention and remat.
         batch, seq: tokens per step are ``batch x seq``.
         steps: timed steps per row (step time is the median).
         rows: ``(attention, remat)`` pairs; attention is ``"reference"`` (materialises
@@ -146,8 +146,8 @@ def _build_rows(config, pairs, data, seed, progress) -> list[_Row]:
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("compiling rows", total=len(pairs))
         for attention, remat in pairs:
-            cfg = config.replace(attention=ATTENTION[attention], remat=remat)
-            trainer = Trainer(Transformer(cfg, rngs=nnx.Rngs(seed)))
+            model = Transformer(config, rngs=nnx.Rngs(seed), attention=ATTENTION[attention])
+            trainer = Trainer(model, remat=remat)
             grads = _initial_grads(trainer, first)
             base_grads = grads if base_grads is None else base_grads
             temp = memory_report(trainer.compile(first.shape)).temp

@@ -27,9 +27,9 @@ class Attention(nnx.Module):
     Causal unless ``cfg.causal`` is False. What varies from layer to layer (a sliding
     window, RoPE or not, the local RoPE base) comes in as the call's static ``kind``.
 
-    The attention itself is ``jaxckpt.flash_attention`` with the config's
-    ``attention`` implementation, scale and logit soft cap; GQA is passed through
-    without repeating K/V.
+    The attention itself is ``jaxckpt.flash_attention`` with the ``implementation`` given
+    here (None: automatic) and the config's scale and logit soft cap; GQA is passed
+    through without repeating K/V.
 
     Example:
         >>> import jax.numpy as jnp
@@ -40,7 +40,7 @@ class Attention(nnx.Module):
         (2, 5, 12)
     """
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, implementation: "str | None" = None):
         n, k, h, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         bias = cfg.attention_bias
         self.q_proj = make_dense(cfg, d, n * h, bias=bias, rngs=rngs, axes=("embed", "heads"), target="q")
@@ -53,6 +53,7 @@ class Attention(nnx.Module):
         self.k_norm = make_norm(cfg, "head_dim") if cfg.qk_norm else None
         self.heads = (n, k, h)
         self.config = cfg
+        self.implementation = implementation
 
     def _rope(self, positions: jax.Array, kind: LayerKind) -> "tuple[jax.Array, jax.Array] | None":
         """The cos / sin tables of a layer of ``kind`` at ``positions [T]`` or ``[B, T]``
@@ -109,7 +110,7 @@ class Attention(nnx.Module):
             local_window_size=window if mask is None else None,
             segment_ids=segment_ids,
             logits_soft_cap=cfg.attention_softcap,
-            implementation=cfg.attention,
+            implementation=self.implementation,
         )
 
     def _project(self, x: jax.Array, dropout_key=None) -> tuple[jax.Array, jax.Array, jax.Array]:

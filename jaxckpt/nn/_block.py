@@ -32,9 +32,9 @@ class Block(nnx.Module):
         (2, 5, 12)
     """
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, attention: "str | None" = None):
         self.attn_norm = make_norm(cfg)
-        self.attn = Attention(cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs, implementation=attention)
         self.attn_post_norm = make_norm(cfg) if cfg.post_norms else None
         self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg, rngs=rngs)

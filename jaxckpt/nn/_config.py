@@ -6,13 +6,10 @@ from types import MappingProxyType
 import jax.numpy as jnp
 
 from jaxckpt._checks import require_positive_int
-from jaxckpt._sizes import parse_size
 from jaxckpt.nn._choices import LAYER_KINDS, Activation, LayerKind, Norm, Positions
 from jaxckpt.nn._lora import LoraConfig
 from jaxckpt.nn._presets import PRESET_FIELDS
 from jaxckpt.nn._rope_scaling import RopeScaling
-from jaxckpt.remat import AUTO, RematSpec
-from jaxckpt.remat import get as get_remat
 
 FAMILY_DEFAULTS = MappingProxyType(
     {
@@ -35,6 +32,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes a config computes (``dtype``) and stores (``param_dtype``) in."""
 QUANTIZATIONS = ("nf4", "int8")
 """``quantize_base`` choices: 4-bit NormalFloat (QLoRA's) and 8-bit integers, per-block scales."""
+RUN_FIELDS = ("remat", "attention", "budget")
+"""Fields of configs written before the memory choices moved to ``train.RunConfig``."""
 _DERIVED = ("n_kv_heads", "head_dim", "norm", "activation", "positions", "attention_out_bias")
 _ENUMS = {"norm": Norm, "activation": Activation, "positions": Positions}
 
@@ -59,12 +58,6 @@ class TransformerConfig:
         causal: causal self-attention (a decoder); False attends to every position (the
             seed article's block).
         dtype: compute dtype. param_dtype: storage dtype of the parameters.
-        attention: ``flash_attention`` implementation (None = automatic).
-        remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``:
-            ``jaxckpt.plan.resolve_auto`` picks the spec of least recompute that fits
-            ``budget`` before training (it needs the batch and sequence length);
-            ``train.train`` refuses an unresolved ``"auto"``.
-        budget: device memory for ``remat="auto"``: bytes, or text such as ``"30GiB"``.
         norm, activation, positions: ``Norm``, ``Activation``, ``Positions`` (strings accepted).
         rope_scaling: a ``RopeScaling`` (or its dict) of the full-attention layers; None: plain RoPE.
         rotary_fraction: the fraction of each head's dims that RoPE rotates (Phi-3's
@@ -112,9 +105,6 @@ class TransformerConfig:
     causal: bool = True
     dtype: str = "float32"
     param_dtype: str = "float32"
-    attention: str | None = None
-    remat: str | RematSpec = "full"
-    budget: int | str | None = None
     norm: str | None = None
     activation: str | None = None
     positions: str | None = None
@@ -176,13 +166,6 @@ class TransformerConfig:
         _choice("param_dtype", self.param_dtype, DTYPES)
         if not self.norm_eps > 0:
             raise ValueError(f"TransformerConfig: norm_eps must be > 0, got {self.norm_eps}")
-        if self.budget is not None:
-            object.__setattr__(self, "budget", parse_size(self.budget, "TransformerConfig: budget"))
-        if self.remat == AUTO:
-            if self.budget is None:
-                raise ValueError("TransformerConfig: remat='auto' needs a budget (bytes, or e.g. '30GiB')")
-        else:
-            get_remat(self.remat)
 
     def _check_positions(self) -> None:
         if isinstance(self.rope_scaling, dict):
@@ -227,11 +210,6 @@ class TransformerConfig:
         return tuple(LAYER_KINDS[pattern[i % len(pattern)]] for i in range(self.n_layers))
 
     @property
-    def remat_spec(self) -> RematSpec:
-        """``remat`` as a ``RematSpec``."""
-        return get_remat(self.remat)
-
-    @property
     def compute_dtype(self) -> jnp.dtype:
         """``dtype`` as a numpy dtype."""
         return jnp.dtype(self.dtype)
@@ -255,8 +233,6 @@ class TransformerConfig:
     def to_dict(self) -> dict:
         """The fields as plain JSON-friendly values (a spec is shown by its repr)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
-        if isinstance(self.remat, RematSpec):
-            out["remat"] = repr(self.remat)
         for name in _ENUMS:
             out[name] = out[name].value
         if self.rope_scaling is not None:
@@ -268,8 +244,9 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, fields: dict) -> "TransformerConfig":
-        """The config that ``to_dict`` wrote. A custom ``RematSpec`` (written as its repr)
-        comes back as ``"full"``: remat does not change the numbers, only memory and time.
+        """The config that ``to_dict`` wrote. ``remat``, ``attention`` and ``budget``, which
+        configs written before they moved to ``train.RunConfig`` hold, are run settings now
+        (they change memory and time, never the numbers) and are not read here.
 
         Raises:
             ValueError: naming any field that ``TransformerConfig`` does not have.
@@ -279,15 +256,13 @@ class TransformerConfig:
             >>> TransformerConfig.from_dict(cfg.to_dict()) == cfg
             True
         """
+        fields = {k: v for k, v in fields.items() if k not in RUN_FIELDS}
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(fields) - known)
         if unknown:
             raise ValueError(
                 f"TransformerConfig: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
-        fields = dict(fields)
-        if isinstance(fields.get("remat"), str) and fields["remat"].startswith("RematSpec("):
-            fields["remat"] = "full"
         return cls(**fields)
 
     @classmethod

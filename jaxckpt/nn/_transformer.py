@@ -17,14 +17,17 @@ from jaxckpt.nn._stack import distinct_segments, run_blocks, run_blocks_cached
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
 
+DEFAULT_REMAT = "full"
+"""The remat spec of a call that names none: every layer's input saved, the rest recomputed."""
 
-def _stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs) -> Block:
+
+def _stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs, attention: "str | None") -> Block:
     """``n_layers`` blocks whose parameters are stacked on a leading layer axis."""
 
     @nnx.split_rngs(splits=cfg.n_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=cfg.n_layers)
     def create(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, rngs=rngs)
+        return Block(cfg, rngs=rngs, attention=attention)
 
     return create(rngs)
 
@@ -33,8 +36,11 @@ class Transformer(nnx.Module):
     """A decoder-only transformer (every family of ``FAMILY_DEFAULTS``) with remat'd scanned blocks.
 
     Args:
-        config: sizes and choices; ``config.remat`` is the default remat spec.
+        config: sizes and choices.
         rngs: parameter initialisation keys.
+        attention: the ``flash_attention`` implementation of every layer (None: automatic);
+            ``set_attention`` changes it. The remat spec is the call's (``remat=``, ``"full"``
+            by default): both are run settings (``train.RunConfig``), not the model's.
 
     Example:
         >>> import jax.numpy as jnp
@@ -46,7 +52,7 @@ class Transformer(nnx.Module):
         (3, 5, 256)
     """
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, attention: "str | None" = None):
         cfg = config
         self.config = cfg
         dtypes = dict(dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
@@ -56,13 +62,27 @@ class Transformer(nnx.Module):
             if cfg.positions == Positions.LEARNED
             else None
         )
-        self.blocks = _stacked_blocks(cfg, rngs)
+        self.blocks = _stacked_blocks(cfg, rngs, attention)
         self.final_norm = make_norm(cfg)
         self.head = (
             None
             if cfg.tie_embeddings
             else make_dense(cfg, cfg.d_model, cfg.vocab_size, bias=False, rngs=rngs, axes=("embed", "vocab"))
         )
+
+    def set_attention(self, implementation: "str | None") -> None:
+        """Every layer attends with ``implementation`` (a ``flash_attention`` one; None:
+        automatic) from now on: for a model built elsewhere, e.g. read from a checkpoint.
+
+        Example:
+            >>> from flax import nnx
+            >>> from jaxckpt.nn import Transformer, TransformerConfig
+            >>> model = Transformer(TransformerConfig.preset("tiny", n_layers=1), rngs=nnx.Rngs(0))
+            >>> model.set_attention("xla")
+            >>> model.blocks.attn.implementation
+            'xla'
+        """
+        self.blocks.attn.implementation = implementation
 
     def remat_segments(
         self, batch: int, seq: int, remat: "str | RematSpec"
@@ -159,7 +179,7 @@ class Transformer(nnx.Module):
         vocabulary (``__call__`` is ``logits(features(...))``); see ``__call__`` for the arguments."""
         cfg = self.config
         self._check(tokens, positions, segment_ids)
-        spec = get_remat(cfg.remat if remat is None else remat)
+        spec = get_remat(DEFAULT_REMAT if remat is None else remat)
         context = {"positions": positions, "segment_ids": segment_ids}
         if positions is None and segment_ids is None:
             context = None
@@ -203,7 +223,8 @@ class Transformer(nnx.Module):
                 document (packed rows; padding may be its own segment, e.g. 0).
             cache: a ``KVCache`` (``init_cache``): the tokens continue the cached ones
                 (positions from ``cache.start``), and the call returns ``(logits, cache)``.
-            remat: overrides ``config.remat`` for this call (no remat with a cache).
+            remat: the remat spec of this call (a preset name or ``RematSpec``; None:
+                ``"full"``; no remat with a cache).
             dropout_key: turns on the LoRA adapters' dropout (``config.lora.dropout``) for
                 this call, one key per layer split from it (training); None: no dropout.
 

@@ -221,8 +221,8 @@ def predict(
     Args:
         workload: the step. ``micro_batches > 1`` adds one gradient accumulator; over
             ``devices`` the figures are one device's. Under LoRA the gradients are the
-            adapters'. State placed in host memory (``optimizer_placement``,
-            ``master_placement``) is ``Prediction.host``, not part of the device's total;
+            adapters'. State placed in host memory (``optimizer.offload``,
+            ``optimizer.offload_master``) is ``Prediction.host``, not part of the device's total;
             host master weights leave their compute-dtype copy (and its gradient) on the
             device, and the update streams leaf by leaf.
         remat: a preset name or ``RematSpec``.
@@ -266,9 +266,9 @@ def predict(
         widened = max(0, widened - config.n_layers * weight_casts(graph, config))
     grads = trainable_bytes(workload) * (2 if workload.micro_batches > 1 else 1)
     host = 0
-    if workload.optimizer_placement == "host":
+    if workload.optimizer.offload:
         host, opt = opt, 0
-    if workload.master_placement == "host":  # the device holds a compute-dtype copy
+    if workload.optimizer.offload_master:  # the device holds a compute-dtype copy
         half = config.compute_dtype.itemsize
         host, params, grads = host + params, params * half // 4, grads * half // 4
     activations = max(stored + working + widened, update_workspace(workload)) + loss_scale_bytes(workload)

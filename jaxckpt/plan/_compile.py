@@ -1,7 +1,7 @@
 """XLA's memory figures of the real train step, compiled in this process from abstract inputs.
 
 The step is the one ``jaxckpt.train`` runs, over the state ``train.Trainer`` builds (its
-optimizer over ``nn.trainable``, with its loss scaler; with ``optimizer_placement="host"``
+optimizer over ``nn.trainable``, with its loss scaler; with ``optimizer.offload``
 the optimizer state in ``pinned_host`` memory). Over ``devices > 1`` it is the FSDP step
 of ``jaxckpt train --mesh fsdp=D``: the state given as ``ShapeDtypeStruct``s with the
 shardings of ``jaxckpt.train.state_shardings``, the batch split over the devices;
@@ -16,7 +16,7 @@ XLA:CPU's memory analysis counts arguments placed in ``pinned_host`` among the d
 (``host_argument_size_in_bytes`` stays 0: on CPU they are the same RAM; a deviceless
 XLA:GPU compile does the same, though it reports offloaded activations as host temp). A device with
 its own memory holds them on the host, so ``compile_report`` moves the host-placed
-optimizer state (and host master weights, ``master_placement="host"``) out of the
+optimizer state (and host master weights, ``optimizer.offload_master``) out of the
 argument, output and alias figures, and the peak is the device's; on a backend that
 reports host arguments apart nothing is moved.
 """
@@ -97,7 +97,8 @@ def compile_step(
     target = None if target is None else gpu_target(target)
     options = {} if target is None else compiler_options(gemm, autotune_results)
     spec = get_remat(remat)
-    model, opt = abstract_train_state(workload.config, workload.optimizer_config)
+    model, opt = abstract_train_state(workload.config, workload.optimizer)
+    model.set_attention(workload.attention)
     graphdef, state = nnx.split((model, opt))
     devices = _devices(workload, target)
     mesh, shardings = None, None
@@ -106,8 +107,8 @@ def compile_step(
         shardings = state_shardings(state, mesh)
     elif target is not None:
         shardings = jax.tree.map(lambda _: SingleDeviceSharding(devices[0]), state)
-    host = workload.optimizer_placement == "host"
-    masters = workload.master_placement == "host"
+    host = workload.optimizer.offload
+    masters = workload.optimizer.offload_master
     if host or masters:
         shardings = offload_shardings(state, shardings, optimizer=host, masters=masters)
     if shardings is not None:
@@ -119,9 +120,7 @@ def compile_step(
         jnp.int32,
         sharding=None if mesh or target is None else SingleDeviceSharding(devices[0]),
     )
-    step = jit_train_step(
-        graphdef, spec, shardings, mesh, masters=workload.optimizer_config if masters else None
-    )
+    step = jit_train_step(graphdef, spec, shardings, mesh, masters=workload.optimizer if masters else None)
     if target is None:
         return step.lower(state, tokens).compile()
     with deviceless():
@@ -144,8 +143,8 @@ def compile_report(
     """
     compiled = compile_step(workload, spec, target=target, gemm=gemm, autotune_results=autotune_results)
     report = memory_report(compiled, device_stats=False)
-    host = workload.optimizer_placement == "host"
-    masters = workload.master_placement == "host"
+    host = workload.optimizer.offload
+    masters = workload.optimizer.offload_master
     params, optimizer = state_bytes(workload)
     on_host = (optimizer if host else 0) + (params if masters else 0)
     if on_host and not getattr(compiled.memory_analysis(), "host_argument_size_in_bytes", 0):

@@ -43,8 +43,8 @@ def held_bytes(workload: Workload) -> int:
         True
     """
     params, opt = state_bytes(workload)
-    params = params if workload.master_placement == "device" else 0
-    opt = opt if workload.optimizer_placement == "device" else 0
+    params = params if not workload.optimizer.offload_master else 0
+    opt = opt if not workload.optimizer.offload else 0
     return params + opt + workload.input_bytes
 
 
@@ -92,7 +92,7 @@ def infeasible_message(
         ],
     )
     offer("seq", [(f"seq={t}", workload.replace(seq=t)) for t in (seq // 2, seq // 4, seq // 8) if t >= 1])
-    others = [opt for opt in ("adafactor", "sgd") if opt != workload.optimizer]
+    others = [opt for opt in ("adafactor", "sgd") if opt != workload.optimizer.name]
     offer("optimizer", [(f"optimizer={opt}", workload.replace(optimizer=opt)) for opt in others])
     config = workload.config
     if config.lora is None:
@@ -114,8 +114,8 @@ def infeasible_message(
     if not measured:
         held = held_bytes(workload)
         on_device = (
-            ("parameters", workload.master_placement == "device"),
-            ("optimizer state", workload.optimizer_placement == "device"),
+            ("parameters", not workload.optimizer.offload_master),
+            ("optimizer state", not workload.optimizer.offload),
         )
         kept = [name for name, on in on_device if on]
         parts = f"{', '.join(kept)} and input tokens" if kept else "input tokens"

@@ -28,16 +28,19 @@ def materializes_scores(attention: str | None) -> bool:
         return False
     registered = implementations()
     if attention not in registered:
-        raise ValueError(f"config.attention={attention!r} is not registered; known: {sorted(registered)}")
+        raise ValueError(f"attention={attention!r} is not registered; known: {sorted(registered)}")
     return registered[attention].materializes_scores
 
 
-def attention_implementation(config: TransformerConfig, target: "str | GpuTarget | None" = None) -> str:
+def attention_implementation(
+    config: TransformerConfig, target: "str | GpuTarget | None" = None, attention: "str | None" = None
+) -> str:
     """The ``flash_attention`` implementation the layers of ``config`` run when compiled for
-    ``target`` (None: XLA:CPU): ``config.attention`` when set; else, as ``implementation=None``
-    resolves it: on a GPU, cuDNN where it takes the call (a 16-bit compute dtype, a head dim
-    of at most 128 and a multiple of 8, no logit soft cap, a causal or no window), else the
-    Pallas kernel (a head dim up to 256), else blockwise; on XLA:CPU the blockwise kernel.
+    ``target`` (None: XLA:CPU): ``attention`` (the run's, ``Workload.attention``) when set;
+    else, as ``implementation=None`` resolves it: on a GPU, cuDNN where it takes the call (a
+    16-bit compute dtype, a head dim of at most 128 and a multiple of 8, no logit soft cap, a
+    causal or no window), else the Pallas kernel (a head dim up to 256), else blockwise; on
+    XLA:CPU the blockwise kernel.
 
     Example:
         >>> from jaxckpt import nn
@@ -47,8 +50,8 @@ def attention_implementation(config: TransformerConfig, target: "str | GpuTarget
         >>> attention_implementation(cfg.replace(dtype="float32"), "h100-80g")
         'pallas'
     """
-    if config.attention is not None:
-        return config.attention
+    if attention is not None:
+        return attention
     if target is None:
         return "blockwise"
     gpu_target(target)

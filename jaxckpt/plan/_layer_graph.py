@@ -73,7 +73,8 @@ def layer_graph(
     """
     kinds = workload.config.layer_kinds if kind is None else (kind,)
     target = None if target is None else gpu_target(target)
-    return _layer_graph(workload.config, workload.local_batch, workload.seq, kinds, target)
+    config, batch, seq = workload.config, workload.local_batch, workload.seq
+    return _layer_graph(config, batch, seq, kinds, target, workload.attention)
 
 
 @dataclasses.dataclass
@@ -236,11 +237,12 @@ def _layer_graph(
     seq: int,
     kinds: tuple[LayerKind, ...],
     target: GpuTarget | None = None,
+    attention: "str | None" = None,
 ) -> LayerGraph:
     """``layer_graph`` at ``[batch, seq]`` (one device's batch), over the layers of ``kinds``,
-    compiled for ``target`` (None: XLA:CPU)."""
+    compiled for ``target`` (None: XLA:CPU), attending with ``attention`` (None: automatic)."""
     n, d = batch * seq, cfg.d_model
-    attention = attention_implementation(cfg, target)
+    attention = attention_implementation(cfg, target, attention)
     x = Value("x", Tag.LAYER_INPUT, n * d * cfg.compute_dtype.itemsize)
     parts = _Parts(gpu=target is not None, values=[x])
     _norm(parts, cfg, "norm1", "x", "n1", n, d, Tag.NORM_OUT)

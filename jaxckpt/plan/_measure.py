@@ -37,8 +37,8 @@ def measure(
         workload: the step: its input is ``[M, B, T + 1]``. Over ``workload.devices``
             (FSDP, ``jaxckpt train --mesh fsdp=D``) the step is compiled over D devices
             (simulated CPU devices in a subprocess when this process has fewer) and the
-            figures are one device's. With ``optimizer_placement="host"`` the optimizer
-            state (with ``master_placement="host"`` the float32 master weights) is
+            figures are one device's. With ``optimizer.offload`` the optimizer
+            state (with ``optimizer.offload_master`` the float32 master weights) is
             compiled in ``pinned_host`` memory and left out of the device's figures
             (``jaxckpt.plan._compile``).
         remat: a preset name or ``RematSpec``.

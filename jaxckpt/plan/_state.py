@@ -21,7 +21,7 @@ from jax.sharding import AbstractMesh
 
 from jaxckpt.nn import Transformer, TransformerConfig, trainable
 from jaxckpt.plan._targets import GpuTarget, gpu_target
-from jaxckpt.plan._workload import OPTIMIZERS, Workload, optimizer_config
+from jaxckpt.plan._workload import OPTIMIZERS, Workload
 from jaxckpt.train import OptimizerConfig, state_shardings
 
 
@@ -41,7 +41,7 @@ def _optimizer(optimizer: "str | OptimizerConfig") -> OptimizerConfig:
         return optimizer
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer={optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    return optimizer_config(optimizer)
+    return OptimizerConfig(name=optimizer)
 
 
 def build_optimizer(model: nnx.Module, optimizer: OptimizerConfig) -> nnx.Optimizer:
@@ -52,7 +52,7 @@ def build_optimizer(model: nnx.Module, optimizer: OptimizerConfig) -> nnx.Optimi
         >>> from flax import nnx
         >>> from jaxckpt import nn, plan
         >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=1, lora=2), rngs=nnx.Rngs(0))
-        >>> opt = build_optimizer(model, plan.Workload(model.config, 1, 8).optimizer_config)
+        >>> opt = build_optimizer(model, plan.Workload(model.config, 1, 8).optimizer)
         >>> opt.wrt is nnx.LoRAParam
         True
     """
@@ -130,7 +130,7 @@ def _state_bytes(
 
 
 def _key(workload: Workload) -> tuple:
-    return workload.config, workload.optimizer_config, workload.devices
+    return workload.config, workload.optimizer, workload.devices
 
 
 def state_bytes(workload: Workload) -> tuple[int, int]:
@@ -209,25 +209,25 @@ def update_workspace(workload: Workload) -> int:
     ``train.clip_by_global_norm``: ``small`` at B=1, T=64 measures 406 MiB, 407 predicted
     without it and 488 with it). Adafactor's factored update goes one parameter at a
     time (the largest one). With the state or the master weights in host memory
-    (``optimizer_placement`` / ``master_placement="host"``) the update streams leaf by leaf:
+    (``optimizer.offload`` / ``offload_master``) the update streams leaf by leaf:
     one leaf's state and update (the largest) at a time.
     """
-    if "host" in (workload.optimizer_placement, workload.master_placement):
+    if workload.optimizer.offload or workload.optimizer.offload_master:
         return 3 * _largest_trainable_leaf(workload.config)
-    return UPDATE_WORKSPACES[workload.optimizer](workload)
+    return UPDATE_WORKSPACES[workload.optimizer.name](workload)
 
 
 def layer_param_bytes(config: TransformerConfig) -> int:
     """Bytes of one layer's variables (the embeddings and head left out): under LoRA its
     frozen base and its adapters."""
-    params, _, _, _ = _state_bytes(config, optimizer_config("sgd"), 1)
+    params, _, _, _ = _state_bytes(config, OptimizerConfig(name="sgd"), 1)
     return (params - _embedding_bytes(config)) // config.n_layers
 
 
 def layer_trainable_bytes(config: TransformerConfig) -> int:
     """Bytes of one layer's trainable variables: its weight-gradient slice (under LoRA, the
     adapters'; the embeddings and head are frozen then)."""
-    _, train, _, _ = _state_bytes(config, optimizer_config("sgd"), 1)
+    _, train, _, _ = _state_bytes(config, OptimizerConfig(name="sgd"), 1)
     if config.lora is not None:
         return train // config.n_layers
     return (train - _embedding_bytes(config)) // config.n_layers
@@ -281,7 +281,7 @@ def widened_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None
         >>> widened_bytes(w, target="h100-80g")
         0
 
-    Host master weights (``master_placement="host"``) in a bfloat16 compute: the device's
+    Host master weights (``optimizer.offload_master``) in a bfloat16 compute: the device's
     bfloat16 copies of the float32 masters are held in float32 there (XLA drops the
     round trip through bfloat16, ``xla_allow_excess_precision``), 2 bytes per stack
     weight over the copy ``predict`` counts (measured on ``small``: +48 MiB for 24M
@@ -291,7 +291,7 @@ def widened_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None
         gpu_target(target)
         return 0
     config = workload.config
-    if workload.master_placement == "host" and config.compute_dtype == WIDENED:
+    if workload.optimizer.offload_master and config.compute_dtype == WIDENED:
         return _widened_bytes(config.replace(param_dtype=config.dtype), workload.devices) // 2
     return _widened_bytes(config, workload.devices)
 

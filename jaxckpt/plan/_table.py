@@ -14,7 +14,7 @@ from jaxckpt.plan._measure import CPU_CAVEAT
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._targets import AUTOTUNE_CAVEAT, CPU, GpuTarget, gpu_target
-from jaxckpt.plan._workload import Workload, require_workload
+from jaxckpt.plan._workload import Workload, placement, require_workload
 from jaxckpt.remat import PRESETS, has_pinned_host
 
 
@@ -102,15 +102,15 @@ class PresetTable:
     def to_dict(self) -> dict:
         """The JSON of ``jaxckpt plan --json``: the rows, the choice and its attempts (or the error)."""
         w, config = self.workload, self.workload.config
-        size = {"optimizer": w.optimizer, "micro_batches": w.micro_batches, "devices": w.devices}
+        size = {"optimizer": w.optimizer.name, "micro_batches": w.micro_batches, "devices": w.devices}
         model = {
             "param_dtype": config.param_dtype,
             "dtype": config.dtype,
             "lora": None if config.lora is None else config.lora.to_dict(),
             "quantize_base": config.quantize_base,
-            "moments_dtype": w.moments_dtype,
-            "optimizer_placement": w.optimizer_placement,
-            "master_placement": w.master_placement,
+            "moments_dtype": w.optimizer.moments_dtype,
+            "optimizer_placement": placement(w.optimizer.offload),
+            "master_placement": placement(w.optimizer.offload_master),
         }
         result = {
             "budget_bytes": int(self.budget),

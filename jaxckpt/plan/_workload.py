@@ -13,9 +13,7 @@ This module is the bottom of ``jaxckpt.plan``; the other modules import it.
 """
 
 import dataclasses
-import functools
 from collections.abc import Mapping
-from types import MappingProxyType
 
 import jax
 
@@ -24,9 +22,8 @@ from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import OptimizerConfig, has_master_weights, parse_mesh
 
-OPTIMIZER_NAMES = tuple(train.OPTIMIZERS)
-"""The optimizers ``jaxckpt train --optimizer`` trains with: the keys of the one registry,
-``train.OPTIMIZERS``."""
+OPTIMIZERS = train.OPTIMIZERS
+"""The optimizers ``jaxckpt train --optimizer`` trains with: the one registry, ``train.OPTIMIZERS``."""
 
 MOMENTS_DTYPES = (None, *train.MOMENTS_DTYPES)
 """Storage dtypes of the optimizer's moments: ``train.MOMENTS_DTYPES``, or None (the trained
@@ -36,50 +33,14 @@ PLACEMENTS = ("device", "host")
 """Where a part of the train state lives: device memory, or the host's (``pinned_host``)."""
 
 
-def optimizer_config(
-    name: str = "adamw",
-    moments_dtype: "str | None" = None,
-    offload: bool = False,
-    offload_master: bool = False,
-):
-    """The ``train.OptimizerConfig`` that trains with ``name``: the planner sizes the state of
-    exactly the transformation the trainer builds (``OptimizerConfig.transformation``).
+def placement(offloaded: bool) -> str:
+    """``"host"`` for state offloaded to ``pinned_host`` memory, else ``"device"`` (how a
+    plan's report names where a part of the train state lives)."""
+    return PLACEMENTS[bool(offloaded)]
 
-    Example:
-        >>> optimizer_config("sgd").name
-        'sgd'
-    """
-    fields = {
-        "name": name,
-        "moments_dtype": moments_dtype,
-        "offload": offload,
-        "offload_master": offload_master,
-    }
-    known = {f.name for f in dataclasses.fields(OptimizerConfig)}
-    given = {k: v for k, v in fields.items() if k in known}
-    return OptimizerConfig(**given)
-
-
-def _transformation(name: str):
-    return optimizer_config(name).transformation()
-
-
-OPTIMIZERS = MappingProxyType({name: functools.partial(_transformation, name) for name in OPTIMIZER_NAMES})
-"""Optimizer name -> a factory of the optax transformation ``jaxckpt train`` builds for it."""
 
 MESH_AXES = ("data", "fsdp")
 """The mesh axes ``jaxckpt.train`` splits over; the planner models ``data=1, fsdp=D``."""
-
-
-CHOICES = MappingProxyType(
-    {
-        "optimizer": OPTIMIZER_NAMES,
-        "moments_dtype": MOMENTS_DTYPES,
-        "optimizer_placement": PLACEMENTS,
-        "master_placement": PLACEMENTS,
-    }
-)
-"""``Workload`` field -> its valid values."""
 
 
 def require_workload(workload, where: str) -> None:
@@ -95,50 +56,55 @@ def require_workload(workload, where: str) -> None:
 class Workload:
     """One train step to plan for (frozen and hashable: the planner caches on it).
 
+    ``Workload.from_run(model_config, run)`` is the step ``train.train(model_config, run)``
+    runs: built from the same two values, with nothing translated in between.
+
     Attributes:
-        config: the model (its ``remat`` field is ignored: the planner is given the spec).
+        config: the model.
         batch: the **global** batch ``B``, summed over the devices (one micro-batch).
         seq: tokens per sequence ``T``.
         micro_batches: micro-batches accumulated per step (the input is ``[M, B, T + 1]``).
-        optimizer: a key of ``OPTIMIZERS``.
+        optimizer: the ``train.OptimizerConfig`` the step trains with: its name, the dtype
+            of its moments, whether its state (``offload``) and the fp32 master weights of a
+            full fine-tuning (``offload_master``, ``param_dtype="float32"`` with a 16-bit
+            compute) live in host memory (``pinned_host``), and the in-step skip of
+            non-finite steps.
         devices: FSDP devices (``fsdp=D``); every byte figure is then one device's.
-        moments_dtype: storage dtype of the optimizer's moments (``MOMENTS_DTYPES``; None:
-            the trained parameters' dtype, as ``jaxckpt train`` defaults).
-        optimizer_placement: ``"device"``, or ``"host"``: the optimizer state lives in host
-            memory (``pinned_host``) and the update streams it leaf by leaf.
-        master_placement: ``"device"``, or ``"host"``: the fp32 master weights of a full
-            fine-tuning (``param_dtype="float32"``, 16-bit compute) live in host memory
-            and the device holds their copy in the compute dtype.
+        attention: the ``flash_attention`` implementation the step runs (None: automatic).
 
     A new field is one line here (with its default); ``to_dict``, ``from_dict`` and
     ``replace`` follow the dataclass fields.
 
     Raises:
-        TypeError: when ``config`` is not a ``TransformerConfig``.
+        TypeError: when ``config`` is not a ``TransformerConfig`` or ``optimizer`` not an
+            ``OptimizerConfig``.
         ValueError: for a size that is not a positive int, a ``seq`` over the model's
-            ``max_len``, an unknown optimizer, or a batch the devices do not divide (the
-            message names the fields).
+            ``max_len``, host master weights without fp32 masters, or a batch the devices
+            do not divide (the message names the fields).
 
     Example:
         >>> from jaxckpt import nn, plan
         >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=8, seq=64, devices=4)
-        >>> w.local_batch, w.local_tokens
-        (2, 128)
+        >>> w.local_batch, w.local_tokens, w.optimizer.name
+        (2, 128, 'adamw')
     """
 
     config: TransformerConfig
     batch: int
     seq: int
     micro_batches: int = 1
-    optimizer: str = "adamw"
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     devices: int = 1
-    moments_dtype: str | None = None
-    optimizer_placement: str = "device"
-    master_placement: str = "device"
+    attention: "str | None" = None
 
     def __post_init__(self):
         if not isinstance(self.config, TransformerConfig):
             raise TypeError(f"Workload: config must be a TransformerConfig, got {type(self.config).__name__}")
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise TypeError(
+                f"Workload: optimizer must be a train.OptimizerConfig, got {self.optimizer!r} "
+                "(e.g. train.OptimizerConfig(name='sgd'))"
+            )
         for name in ("batch", "seq", "micro_batches", "devices"):
             require_positive_int(name, getattr(self, name), "Workload: ")
         if self.seq > self.config.max_len:  # as train.train refuses it, before anything is traced
@@ -146,13 +112,9 @@ class Workload:
                 f"Workload: seq={self.seq} exceeds the model's config.max_len={self.config.max_len}; "
                 "plan for at most max_len tokens per sequence"
             )
-        for name, valid in CHOICES.items():
-            if getattr(self, name) not in valid:
-                names = ", ".join(map(str, valid))
-                raise ValueError(f"Workload: {name}={getattr(self, name)!r} is unknown; valid: {names}")
-        if self.master_placement == "host" and not self.has_master_weights:
+        if self.optimizer.offload_master and not self.has_master_weights:
             raise ValueError(
-                "Workload: master_placement='host' needs fp32 master weights of a full fine-tuning "
+                "Workload: optimizer.offload_master=True needs fp32 master weights of a full fine-tuning "
                 "(param_dtype='float32', a 16-bit dtype, no lora); got "
                 f"param_dtype={self.config.param_dtype!r}, "
                 f"dtype={self.config.dtype!r}, lora={self.config.lora is not None}"
@@ -162,6 +124,29 @@ class Workload:
                 f"Workload: batch={self.batch} must be a multiple of devices={self.devices}: FSDP gives "
                 "each device an equal share of the batch"
             )
+
+    @classmethod
+    def from_run(cls, model_config: TransformerConfig, run: train.RunConfig) -> "Workload":
+        """The step ``train.train(model_config, run)`` runs: ``run``'s sizes, mesh, optimizer
+        (with the skip of ``on_nonfinite="skip"``, whose select costs memory) and attention.
+
+        Raises:
+            TypeError: when ``run`` is not a ``train.RunConfig``.
+            ValueError: for a mesh with a ``data`` axis (the planner models FSDP meshes).
+
+        Example:
+            >>> from jaxckpt import nn, plan, train
+            >>> run = train.RunConfig(steps=10, batch=8, seq=64, mesh="fsdp=4",
+            ...                       optimizer=train.OptimizerConfig(name="sgd", offload=True))
+            >>> w = plan.Workload.from_run(nn.TransformerConfig.preset("tiny"), run)
+            >>> w.devices, w.optimizer is run.optimizer
+            (4, True)
+        """
+        if not isinstance(run, train.RunConfig):
+            raise TypeError(f"Workload.from_run: run must be a train.RunConfig, got {type(run).__name__}")
+        optimizer = train.optimizer_for(run.optimizer, run.on_nonfinite)
+        fields = {"micro_batches": run.micro_batches, "optimizer": optimizer, "attention": run.attention}
+        return cls.on_mesh(model_config, run.batch, run.seq, run.mesh, **fields)
 
     @classmethod
     def on_mesh(cls, config: TransformerConfig, batch: int, seq: int, mesh, **fields) -> "Workload":
@@ -200,16 +185,6 @@ class Workload:
         return has_master_weights(self.config)
 
     @property
-    def optimizer_config(self) -> OptimizerConfig:
-        """The ``train.OptimizerConfig`` this workload trains with (name, moments, placement)."""
-        return optimizer_config(
-            self.optimizer,
-            self.moments_dtype,
-            self.optimizer_placement == "host",
-            self.master_placement == "host",
-        )
-
-    @property
     def local_batch(self) -> int:
         """One device's share of ``batch`` (``B / D``)."""
         return self.batch // self.devices
@@ -239,9 +214,9 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        """The fields as JSON-ready values (``config`` through ``TransformerConfig.to_dict``)."""
+        """The fields as JSON-ready values (``config`` and ``optimizer`` through their ``to_dict``)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**fields, "config": self.config.to_dict()}
+        return {**fields, "config": self.config.to_dict(), "optimizer": self.optimizer.to_dict()}
 
     @classmethod
     def from_dict(cls, fields: Mapping) -> "Workload":
@@ -254,4 +229,7 @@ class Workload:
         unknown = sorted(set(fields) - known)
         if unknown:
             raise ValueError(f"Workload.from_dict: unknown fields {unknown}; valid: {sorted(known)}")
-        return cls(**{**fields, "config": TransformerConfig.from_dict(fields["config"])})
+        parts = {"config": TransformerConfig.from_dict(fields["config"])}
+        if "optimizer" in fields:
+            parts["optimizer"] = OptimizerConfig.from_dict(fields["optimizer"])
+        return cls(**{**fields, **parts})

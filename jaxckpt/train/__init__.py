@@ -7,7 +7,7 @@ meshes (also over several processes), progress and memory reports. The seed's ex
 Example:
     >>> from jaxckpt import nn, train
     >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
-    >>> run = train.train(cfg, steps=3, batch=2, seq=16, progress=False)
+    >>> run = train.train(cfg, train.RunConfig(steps=3, batch=2, seq=16, progress=False))
     >>> len(run.steps), run.memory.temp > 0
     (3, True)
 """
@@ -28,13 +28,13 @@ from jaxckpt.train._loop import train
 from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
 from jaxckpt.train._master import has_master_weights
 from jaxckpt.train._memory import MemoryReport, memory_report
-from jaxckpt.train._nonfinite import ON_NONFINITE, NonFiniteError
+from jaxckpt.train._nonfinite import ON_NONFINITE, NonFiniteError, optimizer_for
 from jaxckpt.train._offload import offload_saves_memory, offload_shardings, stream_to_host
 from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
 from jaxckpt.train._orbax_quiet import LOG_NAME as CHECKPOINT_LOG
 from jaxckpt.train._orbax_quiet import VERBOSE_LOGGER
 from jaxckpt.train._run import TrainRun
-from jaxckpt.train._run_data import DataOptions
+from jaxckpt.train._run_config import CheckpointConfig, DataConfig, RunConfig
 from jaxckpt.train._sharding import (
     LOGICAL_AXIS_RULES,
     bytes_per_device,
@@ -62,13 +62,15 @@ __all__ = [
     "VERBOSE_LOGGER",
     "VOCAB_SIZE",
     "ByteBatches",
+    "CheckpointConfig",
     "CheckpointWriteError",
-    "DataOptions",
+    "DataConfig",
     "Evaluator",
     "LossScaler",
     "MemoryReport",
     "NonFiniteError",
     "OptimizerConfig",
+    "RunConfig",
     "TrainOptimizer",
     "TrainRun",
     "Trainer",
@@ -96,6 +98,7 @@ __all__ = [
     "next_token_loss",
     "offload_saves_memory",
     "offload_shardings",
+    "optimizer_for",
     "parse_mesh",
     "read_meta",
     "resolve_mesh",

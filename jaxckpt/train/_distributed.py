@@ -141,7 +141,7 @@ def initialize(
         ``XLA_FLAGS=--xla_force_host_platform_device_count=2``::
 
             train.initialize('127.0.0.1:1234', num_processes=2, process_id=0)
-            run = train.train(cfg, steps=10, batch=8, seq=64, mesh='data=2,fsdp=2')
+            run = train.train(cfg, train.RunConfig(steps=10, batch=8, seq=64, mesh='data=2,fsdp=2'))
 
         >>> initialize("127.0.0.1:1234", num_processes=2, process_id=3)
         Traceback (most recent call last):
@@ -234,7 +234,7 @@ def default_mesh_axes() -> dict[str, int] | None:
 
 
 def resolve_mesh(mesh) -> "jax.sharding.Mesh | None":
-    """The mesh a run uses, from what ``train.train(mesh=...)`` takes: None gives
+    """The mesh a run uses, from what ``train.RunConfig(mesh=...)`` takes: None gives
     :func:`default_mesh_axes` (no mesh for one process), axis sizes (``"fsdp=4"``,
     ``{"fsdp": 4}``) are built into a mesh over every device, and a ``Mesh`` is kept.
 

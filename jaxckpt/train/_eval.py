@@ -14,7 +14,8 @@ from jaxckpt.train._init import initial_model, source_config
 from jaxckpt.train._loss import PACKED_FIELDS, weighted_loss_sum
 from jaxckpt.train._master import compute_copies
 from jaxckpt.train._offload import HOST
-from jaxckpt.train._run_data import DataOptions, run_data
+from jaxckpt.train._run_config import DataConfig
+from jaxckpt.train._run_data import run_data
 from jaxckpt.train._sharding import batch_sharding
 from jaxckpt.train._step import check_seq
 
@@ -117,7 +118,8 @@ def evaluate(
         >>> from jaxckpt import nn, train
         >>> d = tempfile.mkdtemp()
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
-        >>> _ = train.train(cfg, steps=1, batch=2, seq=8, checkpoint_dir=d, progress=False)
+        >>> run = train.RunConfig(steps=1, batch=2, seq=8, checkpoint={"dir": d}, progress=False)
+        >>> _ = train.train(cfg, run)
         >>> text = Path(d) / "held_out.txt"
         >>> _ = text.write_text("To be, or not to be: that is the question.")
         >>> result = train.evaluate(d, text, batch=2, seq=8)
@@ -128,7 +130,7 @@ def evaluate(
     check_seq(config, seq)
     tok = tokenizer_for(model_dir, tokenizer)
     model = initial_model(config, 0, model_dir)
-    options = DataOptions(data, text_per_line, eval_data=data)  # the whole file is held out
+    options = DataConfig(path=data, text_per_line=text_per_line, eval_path=data)  # the whole file is held out
     feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=1, seed=0)
     result = Evaluator(model)(model, feed.eval_batches())
     stats = feed.eval_stats

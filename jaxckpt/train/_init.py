@@ -18,7 +18,7 @@ from jaxckpt.train._step import Trainer
 PARAMS_KIND = "params"
 """``jaxckpt.json``'s ``kind`` for a checkpoint that holds parameters only (converted)."""
 
-FREE_ON_INIT = frozenset({"remat", "attention", "budget", "dtype", "param_dtype"})
+FREE_ON_INIT = frozenset({"dtype", "param_dtype"})
 """Config fields a run may change from its source: neither shapes nor the model's maths."""
 
 
@@ -52,7 +52,8 @@ def source_config(path: "str | os.PathLike", *, name: str = "path") -> Transform
         >>> from jaxckpt import nn, train
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
         >>> d = tempfile.mkdtemp()
-        >>> _ = train.train(cfg, steps=1, batch=2, seq=8, checkpoint_dir=d, progress=False)
+        >>> run = train.RunConfig(steps=1, batch=2, seq=8, checkpoint={"dir": d}, progress=False)
+        >>> _ = train.train(cfg, run)
         >>> train.source_config(d) == cfg
         True
     """
@@ -129,7 +130,12 @@ def check_init_from(config: TransformerConfig, init_from: "str | os.PathLike") -
 
 
 def initial_model(
-    config: TransformerConfig, seed: int, init_from: "str | os.PathLike | None", optimizer=None
+    config: TransformerConfig,
+    seed: int,
+    init_from: "str | os.PathLike | None",
+    optimizer=None,
+    *,
+    attention: "str | None" = None,
 ) -> Transformer:
     """The model a run starts from: random (``seed``) or the parameters at ``init_from``.
 
@@ -140,11 +146,11 @@ def initial_model(
     from ``seed``.
     A trained checkpoint's state is read with the optimizer it was trained with (its
     ``jaxckpt.json``); ``optimizer`` (an ``OptimizerConfig``) stands in for one that
-    recorded none.
+    recorded none. Every layer attends with ``attention`` (``Transformer.set_attention``).
 
     Raises:
-        ValueError: when the stored model differs from ``config`` in anything but remat,
-            attention, budget and dtypes (each difference is named), or a parameter it holds
+        ValueError: when the stored model differs from ``config`` in anything but its
+            dtypes (each difference is named), or a parameter it holds
             has a NaN or an Inf (``require_finite``: the directory and the tensor are named;
             a Hugging Face directory's tensors are checked as torch_bridge reads them).
 
@@ -154,6 +160,12 @@ def initial_model(
         >>> train.initial_model(cfg, seed=0, init_from=None).config == cfg
         True
     """
+    model = _initial_model(config, seed, init_from, optimizer)
+    model.set_attention(attention)
+    return model
+
+
+def _initial_model(config: TransformerConfig, seed: int, init_from, optimizer) -> Transformer:
     if init_from is None:
         return Transformer(config, rngs=nnx.Rngs(seed))
     path = Path(init_from)

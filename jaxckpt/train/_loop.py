@@ -1,12 +1,10 @@
 """``train``: data, trainer, checkpoints and progress put together."""
 
-import os
 import shutil
 from pathlib import Path
 
 import jax
 
-from jaxckpt._checks import require_positive_int
 from jaxckpt.data import ByteTokenizer, tokenizer_for, tokenizer_name
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.remat import AUTO
@@ -15,9 +13,10 @@ from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
 from jaxckpt.train._memory import memory_report
-from jaxckpt.train._nonfinite import check_on_nonfinite, optimizer_for
+from jaxckpt.train._nonfinite import optimizer_for
 from jaxckpt.train._run import TrainRun
-from jaxckpt.train._run_data import DataOptions, run_data
+from jaxckpt.train._run_config import RunConfig
+from jaxckpt.train._run_data import run_data
 from jaxckpt.train._run_steps import Run
 from jaxckpt.train._sharding import check_batch_split
 from jaxckpt.train._step import OptimizerConfig, Trainer, check_seq, check_step_tokens
@@ -48,8 +47,9 @@ def _barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-FREE_ON_RESUME = ("remat", "attention")
-"""Config fields a resumed run may change: they do not change the numbers."""
+FREE_ON_RESUME = ("remat", "attention", "budget")
+"""Model-config fields that checkpoints written before the memory choices moved to
+``RunConfig`` hold: a resumed run may differ in them (they do not change the numbers)."""
 
 OPTIMIZER_FREE_ON_RESUME = ("offload", "skip_nonfinite")
 """``OptimizerConfig`` fields a resumed run may change (the state's layout is the same)."""
@@ -79,38 +79,14 @@ def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
         raise ValueError(f"resume=True: {str(directory)!r} was trained with different settings ({diffs})")
 
 
-def train(
-    config: TransformerConfig,
-    *,
-    steps: int,
-    batch: int,
-    seq: int,
-    data: str | os.PathLike | None = None,
-    seed: int = 0,
-    micro_batches: int = 1,
-    optimizer: OptimizerConfig | None = None,
-    checkpoint_dir: str | os.PathLike | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    force: bool = False,
-    init_from: str | os.PathLike | None = None,
-    progress: bool = True,
-    mesh=None,
-    plan=None,
-    tokenizer: str | os.PathLike | None = None,
-    text_per_line: bool = False,
-    eval_data: str | os.PathLike | None = None,
-    eval_split: float | None = None,
-    eval_every: int | None = None,
-    on_nonfinite: str = "stop",
-) -> TrainRun:
-    """Trains a ``Transformer``, from scratch or from ``init_from``, on byte-level text or
-    on a data file tokenized by the model's tokenizer; the remat spec is ``config.remat``.
+def train(model_config: TransformerConfig, run: RunConfig, *, plan=None) -> TrainRun:
+    """Trains a ``Transformer`` described by ``model_config`` as ``run`` says: from scratch
+    or from ``run.init_from``, on byte-level text or on a data file tokenized by the
+    model's tokenizer, under the remat spec ``run.remat``.
 
-    ``config.remat == "auto"`` is answered by the planner before training (the planner
-    compiles train steps, so it sits above ``train``): ``config, plan =
-    jaxckpt.plan.resolve_auto(config, batch=..., seq=..., micro_batches=..., mesh=...)``,
-    then ``train(config, ..., plan=plan)``.
+    ``run.remat == "auto"`` is answered by the planner before training (the planner
+    compiles train steps, so it sits above ``train``): ``run, plan =
+    jaxckpt.plan.resolve_auto(model_config, run)``, then ``train(model_config, run, plan=plan)``.
 
     Byte-level text (the built-in corpus, or a ``.txt`` file with the byte tokenizer) is
     cut into random windows: step ``s`` trains on a pure function of ``seed`` and ``s``.
@@ -120,128 +96,105 @@ def train(
     checkpoint. Either way, resuming reproduces the uninterrupted run's batches exactly.
 
     Args:
-        config: the model (including ``remat`` and ``attention``).
-        steps: total number of steps; a resumed run continues up to it.
-        batch, seq, micro_batches: each step sees ``micro_batches x batch`` windows of ``seq``.
-        data: a data file or directory (``.txt``, ``.jsonl``, ``.json``, ``.parquet``; None:
-            the built-in corpus). Records are ``{"text"}``, ``{"messages"}`` (loss on the
-            assistant's turns) or ``{"prompt", "completion"}`` (loss on the completion).
-        tokenizer: ``"bytes"``, or a directory holding ``tokenizer.json`` (or that file);
-            None: ``init_from``'s own tokenizer, or bytes without ``init_from``.
-        text_per_line: ``.txt`` data holds one document per non-empty line.
-        eval_data, eval_split: held-out data: a separate file, or the fraction of ``data``'s
-            records (of its bytes, for byte windows) held out of training.
-        eval_every: evaluate after every ``eval_every`` steps, and after the last (with
-            held-out data and no ``eval_every``: after the last only).
-        seed: parameter init and data order.
-        checkpoint_dir: where to save (at the end, and every ``checkpoint_every`` steps).
-        resume: continue from the latest checkpoint in ``checkpoint_dir``.
-        force: replace existing checkpoints in ``checkpoint_dir``.
-        init_from: take the parameters from a jaxckpt checkpoint directory (trained, or
-            converted by ``jaxckpt convert``) or a Hugging Face directory (needs torch_bridge).
-        progress: draw a progress bar.
-        mesh: data parallel + FSDP: a ``jax.sharding.Mesh``, or axis sizes such as
-            ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"`` over ``jax.devices()``.
-            None: one device; in a multi-process run (after ``train.initialize``)
-            ``data`` = the processes and ``fsdp`` = each process's devices.
-        plan: the planner's ``MemoryPlan`` that chose ``config.remat``, kept in
-            ``TrainRun.plan`` (its spec must be ``config.remat``).
-        on_nonfinite: ``"stop"`` raises ``NonFiniteError`` at the first step whose loss
-            is not finite, naming it, and never checkpoints non-finite params (the last
-            checkpoint is the last good state); ``"skip"`` skips each step whose loss or
-            gradients are not finite (params and optimizer state unchanged: the step
-            carries a select, which costs memory) and counts it
-            (``TrainRun.skipped_steps``). Under dynamic loss
-            scaling (float16) an overflow of the scaled gradients is the scaler's to
-            answer: it skips, halves the scale and goes on, whichever the policy.
+        model_config: the model.
+        run: the run (``RunConfig``): sizes, data, optimizer, checkpoints, mesh, the
+            non-finite policy and the memory choices. Its own checks ran when it was built;
+            here the model and the devices are checked against it.
+        plan: the planner's ``MemoryPlan`` that chose ``run.remat``, kept in
+            ``TrainRun.plan`` (its spec must be ``run.remat``).
+
+    ``run.on_nonfinite``: ``"stop"`` raises ``NonFiniteError`` at the first step whose loss
+    is not finite, naming it, and never checkpoints non-finite params (the last checkpoint
+    is the last good state); ``"skip"`` skips each step whose loss or gradients are not
+    finite (params and optimizer state unchanged: the step carries a select, which costs
+    memory) and counts it (``TrainRun.skipped_steps``). Under dynamic loss scaling
+    (float16) an overflow of the scaled gradients is the scaler's to answer: it skips,
+    halves the scale and goes on, whichever the policy.
 
     Crashes and preemption: a checkpoint is the latest only once it is complete (a
     killed save is never resumed from), and SIGTERM (a preempted job) finishes the
-    current step, saves a checkpoint (with ``checkpoint_dir``) and returns, with
-    ``TrainRun.stopped`` saying so. ``resume=True`` on a directory with no checkpoint
-    yet starts at step 0 (``TrainRun.resumed_from`` is None then).
+    current step, saves a checkpoint (with ``run.checkpoint.dir``) and returns, with
+    ``TrainRun.stopped`` saying so. ``run.checkpoint.resume`` on a directory with no
+    checkpoint yet starts at step 0 (``TrainRun.resumed_from`` is None then).
 
     Multi-process runs: every process calls ``train`` with the same arguments (each
     builds the same model and global batches and places only its own shards); only
     process 0 draws the progress bar. Checkpoints work: every process writes its own
-    shards through orbax into ``checkpoint_dir``, which must be one directory that all
-    processes see (a shared file system across hosts); process 0 writes the metadata.
+    shards through orbax into ``run.checkpoint.dir``, which must be one directory that
+    all processes see (a shared file system across hosts); process 0 writes the metadata.
 
     Returns:
         A ``TrainRun``.
 
     Raises:
-        ValueError / FileNotFoundError / FileExistsError: for bad arguments, a missing data
-            file, or a checkpoint directory that would be overwritten without ``force``.
+        ValueError / FileNotFoundError / FileExistsError: for a run that does not fit the
+            model or the devices, a missing data file, or a checkpoint directory that would
+            be overwritten without ``run.checkpoint.force``.
         CheckpointWriteError: a checkpoint could not be written (a full disk); the
             previous one is intact.
-        NonFiniteError: a step was not finite and ``on_nonfinite="stop"``.
+        NonFiniteError: a step was not finite and ``run.on_nonfinite="stop"``.
 
     Example:
         >>> from jaxckpt import nn, train
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
-        >>> run = train.train(cfg, steps=2, batch=2, seq=16, progress=False)
-        >>> [s["step"] for s in run.steps]
+        >>> result = train.train(cfg, train.RunConfig(steps=2, batch=2, seq=16, progress=False))
+        >>> [s["step"] for s in result.steps]
         [0, 1]
     """
-    require_positive_int("steps", steps)
-    check_on_nonfinite(on_nonfinite)
-    check_seq(config, seq)
-    check_step_tokens(batch, seq, micro_batches)
-    mesh = resolve_mesh(mesh)
-    check_batch_split(batch, mesh)  # before any data is read or model built
-    _check_remat(config, plan)
-    if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs checkpoint_dir=")
-    options = DataOptions(data, text_per_line, eval_data, eval_split)
-    if eval_every is not None:
-        require_positive_int("eval_every", eval_every)
-        if eval_data is None and eval_split is None:
-            raise ValueError("eval_every needs held-out data: give eval_data or eval_split")
-    directory = None if checkpoint_dir is None else Path(checkpoint_dir)
-    if init_from is not None:
-        check_init_from(config, init_from)  # the model's own errors come first
-    tok = tokenizer_for(init_from, tokenizer)
+    if not isinstance(model_config, TransformerConfig):
+        raise TypeError(f"train: model_config must be a TransformerConfig, got {type(model_config).__name__}")
+    if not isinstance(run, RunConfig):
+        raise TypeError(f"train: run must be a train.RunConfig, got {type(run).__name__}")
+    config, ckpt, options = model_config, run.checkpoint, run.data
+    check_seq(config, run.seq)
+    check_step_tokens(run.batch, run.seq, run.micro_batches)
+    mesh = resolve_mesh(run.mesh)
+    check_batch_split(run.batch, mesh)  # before any data is read or model built
+    _check_remat(run, plan)
+    directory = None if ckpt.dir is None else Path(ckpt.dir)
+    if run.init_from is not None:
+        check_init_from(config, run.init_from)  # the model's own errors come first
+    tok = tokenizer_for(run.init_from, options.tokenizer)
     _check_vocab(tok, config)
-    feed = run_data(options, tok, batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
-    optimizer = optimizer_for(optimizer, on_nonfinite)
-    trainer = Trainer(
-        initial_model(config, seed, init_from, optimizer), optimizer=optimizer, mesh=mesh, seed=seed
-    )
+    sizes = {"batch": run.batch, "seq": run.seq, "micro_batches": run.micro_batches}
+    feed = run_data(options, tok, **sizes, seed=run.seed)
+    optimizer = optimizer_for(run.optimizer, run.on_nonfinite)
+    model = initial_model(config, run.seed, run.init_from, optimizer, attention=run.attention)
+    trainer = Trainer(model, optimizer=optimizer, mesh=mesh, seed=run.seed, remat=run.remat)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(feed.first))
-    _prepare_checkpoint_dir(directory, resume, force)
+    _prepare_checkpoint_dir(directory, ckpt.resume, ckpt.force)
     meta = {
         "config": config.to_dict(),
-        "batch": batch,
-        "seq": seq,
-        "seed": seed,
-        "micro_batches": micro_batches,
-        "data": {"kind": feed.kind, **options.to_dict()},
+        **sizes,
+        "seed": run.seed,
+        "data": {"kind": feed.kind, **options.record()},
         "tokenizer": tokenizer_name(tok),
         "optimizer": trainer.optimizer.to_dict(),
     }
-    run = Run(trainer, feed, directory, meta, Evaluator(trainer.model, mesh) if _evaluates(options) else None)
-    run.results["hf_fields"] = source_hf_fields(init_from)
+    loop = Run(trainer, feed, directory, meta, Evaluator(trainer.model, mesh) if options.holds_out else None)
+    loop.results["hf_fields"] = source_hf_fields(run.init_from)
     start, state, resumed_from = 0, None, None
-    if resume and latest_step(directory) is not None:
+    if ckpt.resume and latest_step(directory) is not None:
         saved = read_meta(directory)
         _check_resumable(saved, meta, directory)
         # orbax restores into trainer.state's shardings, memory kinds (offload) included
         start, trainer.state = restore_checkpoint(directory, trainer.state)
-        state, resumed_from = run.resume(saved, start), start
-    run.sources = _tokenizer_sources(tokenizer, init_from, tok)
-    run.on_nonfinite = on_nonfinite
+        state, resumed_from = loop.resume(saved, start), start
+    loop.sources = _tokenizer_sources(options.tokenizer, run.init_from, tok)
+    loop.on_nonfinite = run.on_nonfinite
     with stop_requests() as stop:
-        records = run.steps(start, steps, state, progress, memory, checkpoint_every, eval_every, stop)
+        records = loop.steps(
+            start, run.steps, state, run.progress, memory, ckpt.every, options.eval_every, stop
+        )
     scale = trainer.loss_scale()
     return TrainRun(
         records,
         memory,
         trainer,
         plan,
-        run.results["eval"],
-        run.data_report(),
+        loop.results["eval"],
+        loop.data_report(),
         skipped_steps=scale["skipped_steps"],
         loss_scale=scale["scale"],
         resumed_from=resumed_from,
@@ -256,10 +209,6 @@ def _tokenizer_sources(tokenizer, init_from, tok) -> list:
     return [tokenizer if tokenizer is not None else init_from]
 
 
-def _evaluates(options: DataOptions) -> bool:
-    return options.eval_data is not None or options.eval_split is not None
-
-
 def _check_vocab(tokenizer, config: TransformerConfig) -> None:
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(
@@ -269,16 +218,16 @@ def _check_vocab(tokenizer, config: TransformerConfig) -> None:
         )
 
 
-def _check_remat(config: TransformerConfig, plan) -> None:
-    """``remat="auto"`` must be resolved before ``train``; a given plan must be the config's."""
-    if config.remat == AUTO:
+def _check_remat(run: RunConfig, plan) -> None:
+    """``remat="auto"`` must be resolved before ``train``; a given plan must be the run's."""
+    if run.remat == AUTO:
         raise ValueError(
-            "train: config.remat='auto' is resolved by the planner before training: call "
-            "config, plan = jaxckpt.plan.resolve_auto(config, batch=..., seq=..., micro_batches=..., "
-            "mesh=...), then train.train(config, ..., plan=plan)"
+            "train: run.remat='auto' is resolved by the planner before training: call "
+            "run, plan = jaxckpt.plan.resolve_auto(model_config, run), then "
+            "train.train(model_config, run, plan=plan)"
         )
-    if plan is not None and plan.spec != config.remat_spec:
+    if plan is not None and plan.spec != run.remat_spec:
         raise ValueError(
-            f"train: plan chose {plan.spec!r} but config.remat is {config.remat!r}: pass the config "
+            f"train: plan chose {plan.spec!r} but run.remat is {run.remat!r}: pass the run "
             "that jaxckpt.plan.resolve_auto returned with it"
         )

@@ -15,7 +15,7 @@ class TrainRun:
     Example:
         >>> from jaxckpt import nn, train
         >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
-        >>> run = train.train(cfg, steps=1, batch=2, seq=16, progress=False)
+        >>> run = train.train(cfg, train.RunConfig(steps=1, batch=2, seq=16, progress=False))
         >>> sorted(run.to_dict())  # doctest: +NORMALIZE_WHITESPACE
         ['data', 'eval', 'loss_scale', 'memory', 'optimizer', 'plan', 'resumed_from', 'skipped_steps',
          'steps', 'stopped', 'temp_bytes']
@@ -27,7 +27,7 @@ class TrainRun:
     memory: MemoryReport
     trainer: Trainer = dataclasses.field(repr=False)
     plan: object = None
-    """The planner's ``MemoryPlan`` that chose ``config.remat`` (``train(..., plan=)``), else None."""
+    """The planner's ``MemoryPlan`` that chose ``run.remat`` (``train(..., plan=)``), else None."""
     eval: list = dataclasses.field(default_factory=list)
     """``[{"step", "loss", "perplexity"}]``: every evaluation on held-out data, this run's and,
     after a resume, the earlier ones."""

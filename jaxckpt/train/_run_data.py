@@ -9,10 +9,8 @@ read with a checkpoint's tokenizer or ``--text-per-line``) streams through
 checkpoint so that ``resume`` continues on exactly the batches of the uninterrupted run.
 """
 
-import dataclasses
 import functools
 import itertools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,41 +18,7 @@ import numpy as np
 
 from jaxckpt.data import ByteTokenizer, Example, PackedBatch, PackedBatches, encode_record, pack_documents
 from jaxckpt.train._data import ByteBatches, default_corpus_path, load_tokens
-
-
-@dataclasses.dataclass(frozen=True)
-class DataOptions:
-    """How a run reads its data.
-
-    Attributes:
-        data: the training data (None: the built-in corpus).
-        text_per_line: ``.txt`` data holds one document per non-empty line.
-        eval_data: a separate held-out file.
-        eval_split: or the fraction in (0, 1) of the training data held out.
-        shuffle_buffer: records per shuffle window of a packed stream.
-
-    Raises:
-        ValueError: for both ``eval_data`` and ``eval_split``.
-
-    Example:
-        >>> DataOptions(eval_split=0.1).to_dict()["eval_split"]
-        0.1
-    """
-
-    data: "str | os.PathLike | None" = None
-    text_per_line: bool = False
-    eval_data: "str | os.PathLike | None" = None
-    eval_split: "float | None" = None
-    shuffle_buffer: int = 4096
-
-    def __post_init__(self):
-        if self.eval_data is not None and self.eval_split is not None:
-            raise ValueError("eval_data and eval_split are two ways to hold data out: give one")
-
-    def to_dict(self) -> dict:
-        """The options as ``jaxckpt.json`` records them (paths as strings)."""
-        out = dataclasses.asdict(self)
-        return {k: str(v) if isinstance(v, os.PathLike) else v for k, v in out.items()}
+from jaxckpt.train._run_config import DataConfig
 
 
 def _is_bytes_text(path, tokenizer, text_per_line: bool) -> bool:
@@ -70,14 +34,14 @@ class WindowData:
 
     kind = "windows"
 
-    def __init__(self, options: DataOptions, *, batch: int, seq: int, micro_batches: int, seed: int):
-        tokens = load_tokens(options.data, name="data")
+    def __init__(self, options: DataConfig, *, batch: int, seq: int, micro_batches: int, seed: int):
+        tokens = load_tokens(options.path, name="data")
         held = None
         if options.eval_split is not None:
             cut = len(tokens) - max(int(len(tokens) * options.eval_split), seq + 1)
             tokens, held = tokens[:cut], tokens[cut:]
-        elif options.eval_data is not None:
-            held = load_tokens(options.eval_data, name="eval_data")
+        elif options.eval_path is not None:
+            held = load_tokens(options.eval_path, name="eval_data")
         self.batches = ByteBatches(tokens, batch, seq, seed=seed, micro_batches=micro_batches)
         self._held, self._shape = held, (micro_batches, batch, seq)
 
@@ -124,7 +88,7 @@ class PackedData:
 
     def __init__(self, options, tokenizer, *, batch: int, seq: int, micro_batches: int, seed: int):
         tokenize = functools.partial(_tokenize, tokenizer)
-        data = default_corpus_path() if options.data is None else options.data
+        data = default_corpus_path() if options.path is None else options.path
         sizes = dict(batch=batch, seq=seq, micro_batches=micro_batches, seed=seed)
         self.stream = PackedBatches(
             data,
@@ -135,9 +99,9 @@ class PackedData:
             text_per_line=options.text_per_line,
         )
         self._eval = None
-        if options.eval_data is not None:
+        if options.eval_path is not None:
             self._eval = PackedBatches(
-                options.eval_data, tokenize, **sizes, text_per_line=options.text_per_line, name="eval_data"
+                options.eval_path, tokenize, **sizes, text_per_line=options.text_per_line, name="eval_data"
             )
         elif options.eval_split is not None:
             self._eval = self.stream
@@ -171,15 +135,15 @@ def _tokenize(tokenizer, record: dict, where: str):
     return encode_record(record, tokenizer, where=where)
 
 
-def run_data(options: DataOptions, tokenizer, **sizes) -> "WindowData | PackedData":
+def run_data(options: DataConfig, tokenizer, **sizes) -> "WindowData | PackedData":
     """The run's data: byte windows for byte-level text, else a packed stream.
 
     Example:
         >>> from jaxckpt.data import ByteTokenizer
-        >>> data = run_data(DataOptions(), ByteTokenizer(), batch=2, seq=8, micro_batches=1, seed=0)
+        >>> data = run_data(DataConfig(), ByteTokenizer(), batch=2, seq=8, micro_batches=1, seed=0)
         >>> data.kind, data.first.shape
         ('windows', (1, 2, 9))
     """
-    if _is_bytes_text(options.data, tokenizer, options.text_per_line):
+    if _is_bytes_text(options.path, tokenizer, options.text_per_line):
         return WindowData(options, **sizes)
     return PackedData(options, tokenizer, **sizes)

@@ -207,7 +207,8 @@ class Trainer:
         model: a ``jaxckpt.nn.Transformer`` (its parameters are moved into the trainer).
         optimizer: the optimizer (AdamW by default), its state's dtype and placement, and
             the loss scaling (``OptimizerConfig``).
-        remat: overrides ``model.config.remat``.
+        remat: the remat spec of the step (a preset name or ``RematSpec``; ``"full"``
+            by default).
         mesh: a ``jax.sharding.Mesh`` with axes ``data`` and ``fsdp`` (``make_mesh``):
             parameters, gradients and optimizer state are split over ``fsdp``, batches
             over both. None: one device. In a multi-process run (``train.initialize``) the
@@ -244,12 +245,12 @@ class Trainer:
         model: nnx.Module,
         *,
         optimizer: OptimizerConfig | None = None,
-        remat=None,
+        remat="full",
         mesh=None,
         seed: int = 0,
     ):
         self.config = model.config
-        self.spec = get_remat(model.config.remat if remat is None else remat)
+        self.spec = get_remat(remat)
         self.optimizer = optimizer or OptimizerConfig()
         if self.optimizer.offload_master:
             require_master_weights(model.config)

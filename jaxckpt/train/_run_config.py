@@ -1,0 +1,283 @@
+"""``RunConfig``: one frozen value that describes a training run, beside the model's
+``TransformerConfig``.
+
+``train(model_config, run)`` trains it, ``jaxckpt.plan.Workload.from_run(model_config, run)``
+plans it, and ``jaxckpt train --config run.yaml`` reads it from a file. Its parts are
+``DataConfig`` (what it reads), ``OptimizerConfig`` (how it updates), ``CheckpointConfig``
+(where it saves) and the memory choices (``remat``, ``attention``, ``budget``), which live
+here and not in the model's config: they change memory and time, never the numbers.
+
+Every check runs once, when the value is built, and names the field (``batch=0 must be a
+positive int``, ``checkpoint.every=0 ...``); checks that need the model or the devices
+(``seq`` against ``max_len``, the batch against the mesh) run when ``train`` starts.
+"""
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from jaxckpt._checks import require_positive_int
+from jaxckpt._sizes import parse_size
+from jaxckpt.remat import AUTO, RematSpec
+from jaxckpt.remat import get as get_remat
+from jaxckpt.train._nonfinite import check_on_nonfinite
+from jaxckpt.train._optimizers import OptimizerConfig
+
+PathLike = "str | os.PathLike | None"
+
+
+def _text(value):
+    """A path as the string a file records (``None`` stays ``None``)."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _known_fields(cls, fields: Mapping, where: str) -> dict:
+    """``fields`` as ``cls``'s keyword arguments; a ValueError names any unknown key."""
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"{where}: expected a mapping of fields, got {type(fields).__name__}")
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; valid: {known}")
+    return dict(fields)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """What a run reads: its training data, tokenizer and held-out data.
+
+    Attributes:
+        path: a data file or directory (``.txt``, ``.jsonl``, ``.json``, ``.parquet``); None:
+            the built-in corpus. Records are ``{"text"}``, ``{"messages"}`` (loss on the
+            assistant's turns) or ``{"prompt", "completion"}`` (loss on the completion).
+        tokenizer: ``"bytes"``, or a directory holding ``tokenizer.json`` (or that file);
+            None: ``init_from``'s own tokenizer, or bytes without ``init_from``.
+        text_per_line: ``.txt`` data holds one document per non-empty line.
+        eval_path: held-out data in a separate file.
+        eval_split: or the fraction in (0, 1) of ``path``'s records (of its bytes, for
+            byte windows) held out of training.
+        eval_every: evaluate after every ``eval_every`` steps, and after the last (with
+            held-out data and no ``eval_every``: after the last only).
+        shuffle_buffer: records per shuffle window of a packed stream.
+
+    Raises:
+        ValueError: for both ``eval_path`` and ``eval_split``, a split outside (0, 1), or
+            ``eval_every`` without held-out data (naming the field).
+
+    Example:
+        >>> DataConfig(eval_split=0.1).holds_out
+        True
+        >>> DataConfig(eval_every=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: data.eval_every=2 needs held-out data: give data.eval_path= or data.eval_split=
+    """
+
+    path: PathLike = None
+    tokenizer: PathLike = None
+    text_per_line: bool = False
+    eval_path: PathLike = None
+    eval_split: "float | None" = None
+    eval_every: "int | None" = None
+    shuffle_buffer: int = 4096
+
+    def __post_init__(self):
+        if self.eval_path is not None and self.eval_split is not None:
+            raise ValueError("data.eval_path= and data.eval_split= are two ways to hold data out: give one")
+        if self.eval_split is not None and not 0 < self.eval_split < 1:
+            raise ValueError(f"data.eval_split={self.eval_split!r} must be a fraction in (0, 1)")
+        if self.eval_every is not None:
+            require_positive_int("data.eval_every", self.eval_every)
+            if not self.holds_out:
+                raise ValueError(
+                    f"data.eval_every={self.eval_every} needs held-out data: give data.eval_path= or "
+                    "data.eval_split="
+                )
+        require_positive_int("data.shuffle_buffer", self.shuffle_buffer)
+
+    @property
+    def holds_out(self) -> bool:
+        """Whether the run evaluates on held-out data."""
+        return self.eval_path is not None or self.eval_split is not None
+
+    def record(self) -> dict:
+        """How ``jaxckpt.json`` records the data (the keys a resumed run is compared on)."""
+        return {
+            "data": _text(self.path),
+            "text_per_line": self.text_per_line,
+            "eval_data": _text(self.eval_path),
+            "eval_split": self.eval_split,
+            "shuffle_buffer": self.shuffle_buffer,
+        }
+
+    def to_dict(self) -> dict:
+        """The fields, JSON-ready (paths as strings)."""
+        return {f.name: _text(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, fields: Mapping) -> "DataConfig":
+        """The value ``to_dict`` wrote; a ValueError names any unknown field."""
+        return cls(**_known_fields(cls, fields, "RunConfig.data"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Where and when a run saves, and what it does with checkpoints already there.
+
+    Attributes:
+        dir: where to save (at the end, and every ``every`` steps); None: no checkpoints.
+        every: save after every ``every`` steps too.
+        resume: continue from the latest checkpoint in ``dir``.
+        force: replace existing checkpoints in ``dir``.
+
+    Example:
+        >>> CheckpointConfig(resume=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: checkpoint.resume=True needs checkpoint.dir=
+    """
+
+    dir: PathLike = None
+    every: "int | None" = None
+    resume: bool = False
+    force: bool = False
+
+    def __post_init__(self):
+        if self.every is not None:
+            require_positive_int("checkpoint.every", self.every)
+        if self.resume and self.dir is None:
+            raise ValueError("checkpoint.resume=True needs checkpoint.dir=")
+
+    def to_dict(self) -> dict:
+        """The fields, JSON-ready (the directory as a string)."""
+        return {f.name: _text(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, fields: Mapping) -> "CheckpointConfig":
+        """The value ``to_dict`` wrote; a ValueError names any unknown field."""
+        return cls(**_known_fields(cls, fields, "RunConfig.checkpoint"))
+
+
+_PARTS = {"data": DataConfig, "checkpoint": CheckpointConfig, "optimizer": OptimizerConfig}
+"""The nested parts of a ``RunConfig``: given as the object or as its dict."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run: its sizes, data, optimizer, checkpoints, mesh and memory choices.
+
+    The model is the other value (``nn.TransformerConfig``): ``train(model_config, run)``.
+
+    Attributes:
+        steps: total number of steps; a resumed run continues up to it.
+        batch, seq, micro_batches: each step sees ``micro_batches x batch`` windows of
+            ``seq`` tokens (``batch`` is global, over every device).
+        seed: parameter init and data order.
+        data: a ``DataConfig`` (or its dict).
+        optimizer: an ``OptimizerConfig`` (or its dict): AdamW by default.
+        checkpoint: a ``CheckpointConfig`` (or its dict).
+        init_from: take the parameters from a jaxckpt checkpoint directory (trained, or
+            converted by ``jaxckpt convert``) or a Hugging Face directory.
+        mesh: data parallel + FSDP: a ``jax.sharding.Mesh``, or axis sizes such as
+            ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"``; None: one device (in a
+            multi-process run: ``data`` = the processes, ``fsdp`` = each one's devices).
+        on_nonfinite: ``"stop"`` (raise ``NonFiniteError`` at the first non-finite loss)
+            or ``"skip"`` (skip such steps and count them).
+        remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``: the
+            planner (``jaxckpt.plan.resolve_auto``) picks the spec of least recompute that
+            fits ``budget`` before training.
+        attention: the ``flash_attention`` implementation (None: automatic).
+        budget: device memory for ``remat="auto"``: bytes, or text such as ``"30GiB"``.
+        progress: draw a progress bar.
+
+    Raises:
+        ValueError: naming the field, for a size that is not a positive int, an unknown
+            remat spec or ``on_nonfinite``, ``remat="auto"`` without a budget, or a bad part.
+
+    Example:
+        >>> from jaxckpt import train
+        >>> run = train.RunConfig(steps=100, batch=8, seq=512, checkpoint={"dir": "ckpt", "every": 50})
+        >>> run.checkpoint.every, run.optimizer.name, run.remat
+        (50, 'adamw', 'full')
+        >>> train.RunConfig.from_dict(run.to_dict()) == run
+        True
+        >>> train.RunConfig(steps=1, batch=0, seq=8)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch=0 must be a positive int
+    """
+
+    steps: int
+    batch: int
+    seq: int
+    micro_batches: int = 1
+    seed: int = 0
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    init_from: PathLike = None
+    mesh: object = None
+    on_nonfinite: str = "stop"
+    remat: "str | RematSpec" = "full"
+    attention: "str | None" = None
+    budget: "int | str | None" = None
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("steps", "batch", "seq", "micro_batches"):
+            require_positive_int(name, getattr(self, name))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r} must be an int")
+        for name, cls in _PARTS.items():
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, cls.from_dict(value))
+            elif not isinstance(value, cls):
+                raise TypeError(
+                    f"RunConfig: {name} must be a {cls.__name__} or its dict, got {type(value).__name__}"
+                )
+        check_on_nonfinite(self.on_nonfinite)
+        if self.budget is not None:
+            object.__setattr__(self, "budget", parse_size(self.budget, "budget"))
+        if self.remat == AUTO:
+            if self.budget is None:
+                raise ValueError("remat='auto' needs budget= (bytes, or e.g. '30GiB')")
+        else:
+            get_remat(self.remat)
+
+    @property
+    def remat_spec(self) -> RematSpec:
+        """``remat`` as a ``RematSpec`` (after the planner has resolved ``"auto"``)."""
+        return get_remat(self.remat)
+
+    def replace(self, **changes) -> "RunConfig":
+        """A copy with ``changes`` applied (and checked). Nested parts take dicts of changes:
+        ``run.replace(checkpoint={"resume": True})`` keeps the part's other fields."""
+        for name in _PARTS:
+            if isinstance(changes.get(name), Mapping):
+                changes[name] = dataclasses.replace(getattr(self, name), **changes[name])
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """The fields as plain values, nested parts as dicts (``from_dict`` reads them back).
+
+        A ``RematSpec`` is written as its repr and a ``jax.sharding.Mesh`` as its axis sizes.
+        """
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in _PARTS:
+            out[name] = out[name].to_dict()
+        if isinstance(self.remat, RematSpec):
+            out["remat"] = repr(self.remat)
+        if self.mesh is not None and not isinstance(self.mesh, str | Mapping):
+            out["mesh"] = dict(self.mesh.shape)
+        out["init_from"] = _text(self.init_from)
+        return out
+
+    @classmethod
+    def from_dict(cls, fields: Mapping) -> "RunConfig":
+        """The run ``to_dict`` wrote (nested parts as dicts).
+
+        Raises:
+            ValueError: naming any field that ``RunConfig`` (or its part) does not have.
+        """
+        return cls(**_known_fields(cls, fields, "RunConfig"))
