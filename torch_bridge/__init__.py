@@ -18,7 +18,13 @@ Example:
 
 from torch_bridge._archs import ARCHITECTURES, Architecture, architecture, architecture_of, seed_block_config
 from torch_bridge._atomic import OutputWriteError
-from torch_bridge._convert import ConversionReport, convert_state_dict, export_state_dict
+from torch_bridge._convert import (
+    ConversionReport,
+    convert_state_dict,
+    export_order,
+    export_state_dict,
+    target_shapes,
+)
 from torch_bridge._models import (
     Converted,
     config_from_hf,
@@ -31,6 +37,7 @@ from torch_bridge._models import (
 )
 from torch_bridge._sources import TensorSource, open_tensors
 from torch_bridge._table import Rule, Table
+from torch_bridge._writers import parse_shard_size, write_safetensors
 from torch_bridge.interop import call_torch, to_jax, to_torch
 from torch_bridge.peft import (
     delta_rounding,
@@ -57,12 +64,14 @@ __all__ = [
     "config_from_hf",
     "convert_state_dict",
     "delta_rounding",
+    "export_order",
     "export_state_dict",
     "load_hf",
     "load_peft_adapter",
     "load_seed_block",
     "merge_lora",
     "open_tensors",
+    "parse_shard_size",
     "peft_lora_config",
     "read_checkpoint",
     "read_peft_adapter",
@@ -70,8 +79,10 @@ __all__ = [
     "save_peft_adapter",
     "save_seed_block",
     "seed_block_config",
+    "target_shapes",
     "to_jax",
     "to_torch",
     "write_hf",
+    "write_safetensors",
     "write_peft_adapter",
 ]

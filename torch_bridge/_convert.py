@@ -106,7 +106,16 @@ def model_class(arch: Architecture) -> type:
 
 def target_shapes(arch: Architecture, config: TransformerConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """Dotted parameter path -> abstract array of the model ``config`` describes (no
-    parameter is allocated)."""
+    parameter is allocated).
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> import torch_bridge
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=2)
+        >>> shapes = torch_bridge.target_shapes(torch_bridge.architecture("llama"), cfg)
+        >>> shapes["embed.embedding"].shape
+        (256, 128)
+    """
     cls = model_class(arch)
     model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
     return flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
@@ -301,7 +310,16 @@ def export_order(
 ) -> list[tuple[str, Rule, int | None]]:
     """``(torch key, rule, layer)`` of every tensor ``export_state_dict`` writes, in Hugging
     Face order: the embeddings, then layer by layer, then the final norm and head.
-    ``shapes`` is ``target_shapes(arch, config)`` when the caller already has it."""
+    ``shapes`` is ``target_shapes(arch, config)`` when the caller already has it. Nothing is
+    allocated: with ``Rule.torch_shape`` it sizes a checkpoint before writing it.
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> import torch_bridge
+        >>> order = torch_bridge.export_order("llama", nn.TransformerConfig.preset("tiny", n_layers=2))
+        >>> [key for key, _, _ in order][:2]
+        ['model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight']
+    """
     arch = architecture(arch) if isinstance(arch, str) else arch
     shapes = target_shapes(arch, config) if shapes is None else shapes
     plan = arch.table.bind({p: s.shape for p, s in shapes.items()}, config.n_layers)

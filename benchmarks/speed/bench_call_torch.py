@@ -26,11 +26,11 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from torch_bridge import call_torch
-from torch_bridge.interop._torch import torch
 
 SIZE = 7
 FULL_CALLS = 2000
@@ -59,7 +59,7 @@ def _bare_sin():
 
 def _functions():
     """(mode, call_torch version, bare-callback version, pure JAX version) per mode."""
-    sin = call_torch(torch().sin, lambda x: x)
+    sin = call_torch(torch.sin, lambda x: x)
     bare = _bare_sin()
     grad = lambda f: jax.jit(jax.grad(lambda x: f(x).sum()))
     return [
@@ -138,7 +138,7 @@ def main(argv=None) -> None:
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "jax": jax.__version__,
-        "torch": torch().__version__,
+        "torch": torch.__version__,
         "backend": jax.default_backend(),
     }
     console.print(_table(result))

@@ -23,7 +23,7 @@ written once as sharded Hugging Face safetensors into a temporary directory, the
    of its own where that script is absent);
 5. one row per family ``torch_bridge`` converts (``--families``, default all): a checkpoint
    of that family's own layout, built as the LLaMA one is, tensor by tensor from the
-   family's export order (``torch_bridge._convert.export_order`` and ``Rule.torch_shape``,
+   family's export order (``torch_bridge.export_order`` and ``Rule.torch_shape``,
    as ``write_hf`` builds its specs) with its ``config.json`` (``arch.hf_config``), then
    read_checkpoint, load_hf and save_hf, each in fresh processes as above: MB/s and peak
    extra memory against the same criterion. Each family's config is its preset
@@ -239,8 +239,7 @@ def run_worker(phase: str, path: Path, shard: str) -> dict:
 
 def checkpoint_specs(config) -> list[tuple[str, tuple[int, ...], np.dtype]]:
     """``(HF name, shape, dtype)`` of every tensor of ``config``, as ``write_hf`` builds them."""
-    from torch_bridge import architecture
-    from torch_bridge._convert import export_order, target_shapes
+    from torch_bridge import architecture, export_order, target_shapes
 
     arch = architecture(config.family)
     shapes = target_shapes(arch, config)
@@ -253,8 +252,7 @@ def checkpoint_specs(config) -> list[tuple[str, tuple[int, ...], np.dtype]]:
 def write_checkpoint(directory: Path, config, specs, shard: str, seed: int = 0) -> None:
     """Random weights (ones for the norms and biases), generated one tensor at a time, as HF
     shards, and the family's ``config.json``."""
-    from torch_bridge import architecture
-    from torch_bridge._writers import parse_shard_size, write_safetensors
+    from torch_bridge import architecture, parse_shard_size, write_safetensors
 
     rng = np.random.default_rng(seed)
     shapes = {key: shape for key, shape, _ in specs}
@@ -273,8 +271,7 @@ def write_checkpoint(directory: Path, config, specs, shard: str, seed: int = 0) 
 def fused_keys(config) -> set[str]:
     """The HF names of the fused tensors of ``config``: those split into several parameters
     on reading (Phi-3's ``qkv_proj``/``gate_up_proj``, GPT-2's ``c_attn``)."""
-    from torch_bridge import architecture
-    from torch_bridge._convert import export_order
+    from torch_bridge import architecture, export_order
 
     return {key for key, rule, _ in export_order(architecture(config.family), config) if len(rule.jax) > 1}
 
@@ -334,11 +331,11 @@ def _own_call_overhead(calls: int) -> dict:
     """Median µs of jitted ``call_torch(torch.sin)`` and ``jnp.sin`` on a [7] array."""
     import jax
     import jax.numpy as jnp
+    import torch
 
     from torch_bridge import call_torch
-    from torch_bridge.interop._torch import torch
 
-    sin = call_torch(torch().sin, lambda x: x)
+    sin = call_torch(torch.sin, lambda x: x)
     grad = lambda f: jax.jit(jax.grad(lambda x: f(x).sum()))
     x = jnp.linspace(0.0, 1.0, 7, dtype=jnp.float32)
     rows = []

@@ -224,7 +224,8 @@ def busy_cpu_seconds() -> float:
 
 def jax_row(name: str, cfg: nn.TransformerConfig, remat: str, batches: list) -> Row:
     """A jaxckpt ``Trainer`` (fresh model from ``nnx.Rngs(0)``) under remat preset ``remat``."""
-    trainer = Trainer(nn.Transformer(cfg, rngs=nnx.Rngs(0)), optimizer=OPTIMIZER, remat=remat)
+    model = nn.Transformer(cfg, rngs=nnx.Rngs(0), attention="blockwise")
+    trainer = Trainer(model, optimizer=OPTIMIZER, remat=remat)
     on_device = [type(b)(*map(jax.numpy.asarray, b)) for b in batches]
     temp = trainer.compile(on_device[0]).memory_analysis().temp_size_in_bytes
 
@@ -373,9 +374,7 @@ def main(argv=None) -> None:
     )
 
     batches = [b for (b, _), _ in zip(stream.iterate(), range(steps + 2), strict=False)]
-    cfg = nn.TransformerConfig.preset(
-        PRESET, n_layers=layers, dtype="float32", attention="blockwise", max_len=max(seq, 1024)
-    )
+    cfg = nn.TransformerConfig.preset(PRESET, n_layers=layers, dtype="float32", max_len=max(seq, 1024))
     model = nn.Transformer(cfg, rngs=nnx.Rngs(0))
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     hf_dir = torch_bridge.save_hf(model, work / "hf", tokenizer_from=work / "tokenizer")

@@ -40,7 +40,7 @@ def measure(config: nn.TransformerConfig, devices: int, batch: int, seq: int, st
     """One mesh of ``fsdp=devices``: per-device bytes of the state, the compiled step's
     per-device temp (activations and workspace), and the median step time."""
     mesh = None if devices == 1 else train.make_mesh({"fsdp": devices}, jax.devices()[:devices])
-    trainer = train.Trainer(nn.Transformer(config, rngs=nnx.Rngs(0)), mesh=mesh)
+    trainer = train.Trainer(nn.Transformer(config, rngs=nnx.Rngs(0)), mesh=mesh, remat="full")
     batches = train.ByteBatches(train.load_tokens(None), batch, seq, seed=0)
     compiled = trainer.compile(batches.batch_at(0).shape)
     state_bytes = max(train.bytes_per_device(trainer.state).values())
@@ -51,7 +51,7 @@ def measure(config: nn.TransformerConfig, devices: int, batch: int, seq: int, st
         start = time.perf_counter()
         losses.append(float(jax.block_until_ready(trainer.step(batches.batch_at(step)))))
         times.append(time.perf_counter() - start)
-    predicted = plan.predict(plan.Workload(config, batch, seq, devices=devices), config.remat)
+    predicted = plan.predict(plan.Workload(config, batch, seq, devices=devices), "full")
     return {
         "devices": devices,
         "state_bytes_per_device": state_bytes,

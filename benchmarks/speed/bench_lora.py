@@ -116,12 +116,12 @@ def run_row(config, optimizer, params, batch: int, seq: int, steps: int, seed: i
     """One row: the compiled step's peak and the planner's prediction, then the timed steps."""
     # a fresh copy (the trainer donates its state), stored as jaxckpt train stores it
     params = jax.tree.map(lambda a: jnp.array(a, config.storage_dtype), params)
-    model = nn.from_params(nn.Transformer, config.replace(remat="full"), params, seed=seed)
+    model = nn.from_params(nn.Transformer, config, params, seed=seed)
     trainer = train.Trainer(model, optimizer=optimizer, remat="full")
     rng = np.random.default_rng(seed)
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (1, batch, seq + 1)), jnp.int32)
     report = train.memory_report(trainer.compile(tokens.shape), device_stats=False)
-    workload = plan.Workload(config, batch, seq, moments_dtype=optimizer.moments_dtype)
+    workload = plan.Workload(config, batch, seq, optimizer=optimizer)
     predicted = plan.predict(workload, "full")
     jax.block_until_ready(trainer.step(tokens))  # warm-up
     times, losses = [], []
@@ -158,7 +158,7 @@ def seven_b_table() -> list[dict]:
         config = nn.TransformerConfig.preset("llama2-7b", **fields)
         if "--dtype" not in flags:  # jaxckpt plan: the device's 16-bit type for bfloat16
             config = device.in_half(config)
-        workload = plan.Workload(config, 8, 2048, moments_dtype=moments)
+        workload = plan.Workload(config, 8, 2048, optimizer=train.OptimizerConfig(moments_dtype=moments))
         start = time.perf_counter()
         measured = plan.measure(workload, "full")
         out.append({

@@ -37,16 +37,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 import jax
+import jax.numpy as jnp
 import matplotlib
 import numpy as np
 from flax import nnx
 from rich.console import Console
+from rich.progress import track
 from rich.table import Table
 
 from jaxckpt import nn, plan, remat
-from jaxckpt.compare._experiment import _Row, _run_round_robin
 from jaxckpt.remat import RematSpec
-from jaxckpt.train import ByteBatches, Trainer, load_tokens, memory_report, offload_saves_memory
+from jaxckpt.train import ByteBatches, Trainer, load_tokens, offload_saves_memory
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -275,16 +276,21 @@ def cost_table(rows: list[dict], case: Case) -> Table:
 
 def time_specs(case: Case, specs: dict[str, RematSpec], steps: int, seed: int) -> dict[str, list[float]]:
     """Seconds of each timed step per label: every row compiled first, then one untimed
-    warm-up step and ``steps`` timed steps, each round running every row once."""
+    warm-up step and ``steps`` timed steps, each round running every row once (round robin,
+    as ``jaxckpt compare`` times its rows, so a slow spell of the machine hits every row)."""
     data = ByteBatches(load_tokens(None), case.batch, case.seq, seed=seed)
     shape = data.batch_at(0).shape
-    rows = []
+    trainers = {}
     for name, spec in specs.items():
         trainer = Trainer(nn.Transformer(case.config, rngs=nnx.Rngs(seed)), remat=spec)
-        temp = memory_report(trainer.compile(shape), device_stats=False).temp
-        rows.append(_Row(case.config.attention or "auto", name, trainer, temp))
-    _run_round_robin(rows, data, steps + 1, progress=True)
-    return {row.remat: row.seconds[1:] for row in rows}
+        trainer.compile(shape)
+        trainers[name] = trainer
+    seconds: dict[str, list[float]] = {name: [] for name in specs}
+    for step in track(range(steps + 1), description="training rows"):
+        tokens = jnp.asarray(data.batch_at(step))
+        for name, trainer in trainers.items():
+            seconds[name] += harness.run_seconds(trainer.step, (tokens,), warmup=False)
+    return {name: times[1:] for name, times in seconds.items()}
 
 
 # ----------------------------------------------------------------------------- 4. targets
