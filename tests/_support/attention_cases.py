@@ -4,9 +4,16 @@ A :class:`Case` names a shape, a dtype, a set of features (the names of
 ``jaxckpt.attention.FEATURES``) and block sizes; :func:`build` turns it into
 arrays. :func:`evaluate` runs one implementation (forward, lse and gradients in
 one jit), :func:`visible_np` is an independent NumPy oracle of the mask.
+
+Every XLA compile costs seconds on a CPU, so the helpers avoid the ones that test
+nothing: arrays are made in NumPy and placed with ``jax.device_put`` (``jnp.asarray``
+of a NumPy array compiles a small program per shape and dtype), and :func:`evaluate`
+reuses one jitted program per function and static options, so that a repeated call
+is neither retraced nor recompiled.
 """
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -73,6 +80,12 @@ BIAS_SHAPES = ("1NTS", "B1TS", "111S", "BNTS")
 MASK_SHAPES = ("B1TS", "1NTS", "BNTS", "B11S")
 
 
+def device(x, dtype=None) -> jax.Array:
+    """``x`` as a device array, converted in NumPy (bit-identical to XLA's rounding) and
+    placed with ``jax.device_put``: unlike ``jnp.asarray`` this compiles nothing."""
+    return jax.device_put(np.asarray(x, dtype=None if dtype is None else jnp.dtype(dtype)))
+
+
 def _shape(code: str, b, n, t, s) -> tuple[int, ...]:
     full = {"B": b, "N": n, "T": t, "S": s}
     return tuple(full.get(c, 1) for c in code)
@@ -101,26 +114,26 @@ def feature_kwargs(case: Case, rng: np.random.Generator) -> tuple[dict, dict]:
     unknown = set(case.features) - set(FEATURES)
     if unknown:
         raise ValueError(f"unknown features {sorted(unknown)}")
-    b, t, s, n, f, dt = case.b, case.t, case.s, case.n, case.features, jnp.dtype(case.dtype)
+    b, t, s, n, f, dt = case.b, case.t, case.s, case.n, case.features, case.dtype
     arrays, static = {}, {}
     if "bias" in f:
         shape = _shape(BIAS_SHAPES[case.variant % 4], b, n, t, s)
-        arrays["bias"] = jnp.asarray(rng.standard_normal(shape), dt)
+        arrays["bias"] = device(rng.standard_normal(shape), dt)
     if "mask" in f:
-        arrays["mask"] = jnp.asarray(random_mask(rng, _shape(MASK_SHAPES[case.variant % 4], b, n, t, s)))
+        arrays["mask"] = device(random_mask(rng, _shape(MASK_SHAPES[case.variant % 4], b, n, t, s)))
     if "causal" in f:
         static["is_causal"] = True
     if "lengths" in f:
-        arrays["query_seq_lengths"] = jnp.asarray(_lengths(rng, t, b))
-        arrays["key_value_seq_lengths"] = jnp.asarray(_lengths(rng, s, b))
+        arrays["query_seq_lengths"] = device(_lengths(rng, t, b))
+        arrays["key_value_seq_lengths"] = device(_lengths(rng, s, b))
     if "window" in f:
         static["local_window_size"] = (int(rng.integers(0, 9)), int(rng.integers(0, 9)))
     if "segments" in f:
         q_ids = _segment_ids(rng, b, t)
         if t == s and case.variant % 2 == 0:
-            arrays["segment_ids"] = jnp.asarray(q_ids)  # the single-array form
+            arrays["segment_ids"] = device(q_ids)  # the single-array form
         else:
-            arrays["segment_ids"] = (jnp.asarray(q_ids), jnp.asarray(_segment_ids(rng, b, s)))
+            arrays["segment_ids"] = (device(q_ids), device(_segment_ids(rng, b, s)))
     if "softcap" in f:
         static["logits_soft_cap"] = SOFT_CAP
         static["scale"] = 4.0 / math.sqrt(case.h)  # logits well past the cap
@@ -131,7 +144,7 @@ def feature_kwargs(case: Case, rng: np.random.Generator) -> tuple[dict, dict]:
 
 
 def normal(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> jax.Array:
-    return jnp.asarray(scale * rng.standard_normal(shape), dtype=jnp.dtype(dtype))
+    return device(scale * rng.standard_normal(shape), dtype)
 
 
 def build(case: Case) -> Inputs:
@@ -165,6 +178,17 @@ def evaluate(fn, inp: Inputs, promotion: str | None = None, **extra) -> Result:
     diff = {"dq": inp.q, "dk": inp.k, "dv": inp.v}
     if "bias" in inp.arrays:
         diff["dbias"] = inp.arrays["bias"]
+    grad_fn = _loss_and_grads(fn, tuple(inp.static.items()), tuple(extra.items()))
+    with jax.numpy_dtype_promotion(promotion or promotion_for(fn, extra.get("implementation"))):
+        (_, (out, lse)), grads = grad_fn(diff, arrays, inp.w)
+    return Result(np.asarray(out), np.asarray(lse), {n: np.asarray(g) for n, g in grads.items()})
+
+
+@functools.lru_cache(maxsize=512)
+def _loss_and_grads(fn, static: tuple, extra: tuple):
+    """One jitted ``value_and_grad`` per function and static options (block sizes and the
+    implementation among them): a call with the same shapes and options, in any test,
+    reuses its trace and its compiled program instead of compiling it again."""
 
     def loss(diff, arrays, w):
         out, lse = fn(
@@ -173,16 +197,13 @@ def evaluate(fn, inp: Inputs, promotion: str | None = None, **extra) -> Result:
             diff["dv"],
             diff.get("dbias"),
             **arrays,
-            **inp.static,
-            **extra,
+            **dict(static),
+            **dict(extra),
             return_residual=True,
         )
         return jnp.sum(out.astype(jnp.float32) * w), (out, lse)
 
-    grad_fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
-    with jax.numpy_dtype_promotion(promotion or promotion_for(fn, extra.get("implementation"))):
-        (_, (out, lse)), grads = grad_fn(diff, arrays, inp.w)
-    return Result(np.asarray(out), np.asarray(lse), {n: np.asarray(g) for n, g in grads.items()})
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
 def features_of(inp: Inputs) -> set[str]:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import Case, build, evaluate, features_of
+from attention_cases import Case, build, device, evaluate, features_of
 from jax.sharding import PartitionSpec as P
 from tolerances import assert_close
 
@@ -110,10 +110,17 @@ def _value_and_grads(fn, args, argnums, w):
     return fn(*args), jax.grad(loss, argnums=argnums)(*args)
 
 
+# One jitted driver for the module: called with the same (static) function object and
+# shapes it reuses its compiled program, so a test's unsharded expectation is compiled once.
+_jit_value_and_grads = jax.jit(_value_and_grads, static_argnums=(0, 2))
+
+
 def _compare(sharded, unsharded, args, argnums, w, jit: bool):
-    run = jax.jit(_value_and_grads, static_argnums=(0, 2)) if jit else _value_and_grads
+    run = _jit_value_and_grads if jit else _value_and_grads
     out, grads = run(sharded, args, argnums, w)
-    want_out, want_grads = _value_and_grads(unsharded, args, argnums, w)
+    # The expectation is the unsharded call, under jit: eager == jit is tested in
+    # test_attention_tracing.py, and eager op-by-op dispatch here doubled the test's time.
+    want_out, want_grads = _jit_value_and_grads(unsharded, args, argnums, w)
     assert_close(out, want_out, jnp.float32, "fwd", "out")
     for i, g, e in zip(argnums, grads, want_grads, strict=True):
         assert_close(g, e, jnp.float32, "grad", f"d(arg {i})")
@@ -132,12 +139,22 @@ SHARD_MAP_CASES = [
 ]
 
 
+@functools.cache  # one function object per implementation, so jit's cache hits across tests
+def _causal(impl: str):
+    return functools.partial(jaxckpt.flash_attention, is_causal=True, implementation=impl)
+
+
+@functools.cache  # the same arrays in every test, so the unsharded program compiles once an impl
+def _issue_inputs():
+    rng = np.random.default_rng(0)
+    return tuple(device(rng.standard_normal((4, 128, 4, 64)), jnp.float32) for _ in range(4))
+
+
 @pytest.mark.parametrize(("impl", "jit"), SHARD_MAP_CASES)
 def test_causal_inside_shard_map(impl, jit):
     """The issue's case: q, k, v [4, 128, 4, 64], P("dp", None, "tp", None), is_causal."""
-    rng = np.random.default_rng(0)
-    q, k, v, w = (jnp.asarray(rng.standard_normal((4, 128, 4, 64)), jnp.float32) for _ in range(4))
-    attend = functools.partial(jaxckpt.flash_attention, is_causal=True, implementation=impl)
+    q, k, v, w = _issue_inputs()
+    attend = _causal(impl)
     _compare(_sharded(attend, (SPEC,) * 3), attend, (q, k, v), (0, 1, 2), w, jit)
 
 
@@ -147,12 +164,12 @@ def test_every_mask_feature_inside_shard_map():
     each sharded with the batch (and the bias with the heads too)."""
     b, t, n, kh, h = 4, 37, 4, 2, 16
     rng = np.random.default_rng(1)
-    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    normal = lambda *shape: device(rng.standard_normal(shape), jnp.float32)
     q, k, v, w = normal(b, t, n, h), normal(b, t, kh, h), normal(b, t, kh, h), normal(b, t, n, h)
     bias = normal(b, n, t, t)
-    mask = jnp.asarray(rng.random((b, 1, t, t)) < 0.8)
-    lengths = jnp.asarray([37, 20, 5, 30], jnp.int32)
-    segments = jnp.asarray(np.sort(rng.integers(0, 3, (b, t)), axis=1), jnp.int32)
+    mask = device(rng.random((b, 1, t, t)) < 0.8)
+    lengths = device([37, 20, 5, 30], jnp.int32)
+    segments = device(np.sort(rng.integers(0, 3, (b, t)), axis=1), jnp.int32)
 
     def attend(q, k, v, bias, mask, lengths, segments):
         return jaxckpt.flash_attention(
@@ -171,13 +188,13 @@ def test_dropout_runs_inside_shard_map():
     indices, so it equals the unsharded mask only where those are the global ones: with
     the batch and heads replicated (P()), sharded calls equal the unsharded call."""
     rng = np.random.default_rng(2)
-    q, k, v, w = (jnp.asarray(rng.standard_normal((3, 21, 2, 16)), jnp.float32) for _ in range(4))
+    q, k, v, w = (device(rng.standard_normal((3, 21, 2, 16)), jnp.float32) for _ in range(4))
     attend = functools.partial(
         jaxckpt.flash_attention, dropout_rate=0.3, dropout_rng=jax.random.key(4), implementation="blockwise"
     )
     sharded = jax.shard_map(attend, mesh=_mesh(), in_specs=(P(),) * 3, out_specs=P(), check_vma=True)
-    want_out, want_grads = _value_and_grads(attend, (q, k, v), (0, 1, 2), w)
-    out, grads = jax.jit(_value_and_grads, static_argnums=(0, 2))(sharded, (q, k, v), (0, 1, 2), w)
+    want_out, want_grads = _jit_value_and_grads(attend, (q, k, v), (0, 1, 2), w)
+    out, grads = _jit_value_and_grads(sharded, (q, k, v), (0, 1, 2), w)
     assert_close(out, want_out, jnp.float32, "fwd", "out")
     for g, e in zip(grads, want_grads, strict=True):
         assert_close(g, e, jnp.float32, "grad", "grad")
