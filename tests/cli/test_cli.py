@@ -115,7 +115,13 @@ def test_compare_takes_model_and_its_config_alias():
         (["compare", "--seq", "5000"], "--seq 5000 exceeds the model's config.max_len=1024"),
         (["compare", "--model", "huge"], "unknown config preset 'huge'"),
         (["train", "--mesh", "tensor=2", "--steps", "1"], "--mesh 'tensor=2': unknown axis 'tensor'"),
-        (["train", "--batch", "0", "--steps", "1"], "ByteBatches: --batch 0 must be positive"),
+        # train.RunConfig's checks, at construction (before ByteBatches sees the batch)
+        (["train", "--batch", "0", "--steps", "1"], "jaxckpt train: error: --batch 0 must be a positive int"),
+        (["train", "--resume", "--steps", "1"], "--resume needs --checkpoint-dir"),
+        (
+            ["train", "--eval-every", "2", "--steps", "1"],
+            "--eval-every 2 needs held-out data: give --eval-data or --eval-split",
+        ),
     ],
 )
 def test_library_errors_name_the_flag(capsys, argv, message):
@@ -133,6 +139,12 @@ def test_library_errors_name_the_flag(capsys, argv, message):
         ("steps=0 must be a positive int", "--steps 0 must be a positive int"),
         ("process_id=3 must be < num_processes=2", "--process-id 3 must be < --num-processes 2"),
         ("resume=True needs checkpoint_dir=", "--resume needs --checkpoint-dir"),
+        ("checkpoint.resume=True needs checkpoint.dir=", "--resume needs --checkpoint-dir"),
+        (
+            "data.eval_every=2 needs held-out data: give data.eval_path= or data.eval_split=",
+            "--eval-every 2 needs held-out data: give --eval-data or --eval-split",
+        ),
+        ("checkpoint.every=0 must be a positive int", "--checkpoint-every 0 must be a positive int"),
         ("init_from='x' does not exist", "--init-from 'x' does not exist"),
         ("pass force=True to replace it", "pass --force to replace it"),
         ("mesh={'data': 2} needs 2 devices", "--mesh {'data': 2} needs 2 devices"),

@@ -42,7 +42,7 @@ def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("trained")
     sizes = dict(n_layers=1, d_model=24, n_heads=3, n_kv_heads=1, ffn_dim=40)
     cfg = nn.TransformerConfig.preset("tiny", **sizes, vocab_size=VOCAB, max_len=MAX_LEN)
-    train.train(cfg, steps=1, batch=1, seq=9, checkpoint_dir=d, progress=False)
+    train.train(cfg, train.RunConfig(steps=1, batch=1, seq=9, checkpoint={"dir": d}, progress=False))
     return d
 
 
@@ -192,7 +192,10 @@ def test_an_hf_dir_without_a_tokenizer_asks_for_one(hf_dir, tmp_path, capsys):
 def test_a_fine_tuned_checkpoint_generates(hf_dir, tmp_path, capsys):
     _, d = hf_dir
     cfg = train.source_config(d)
-    train.train(cfg, steps=1, batch=1, seq=9, init_from=d, checkpoint_dir=tmp_path / "ft", progress=False)
+    run = train.RunConfig(
+        steps=1, batch=1, seq=9, init_from=d, checkpoint={"dir": tmp_path / "ft"}, progress=False
+    )
+    train.train(cfg, run)
     out = _run(capsys, str(tmp_path / "ft"), "--prompt", "hello world", "--max-new-tokens", str(NEW))
     python = generate(load_model(tmp_path / "ft"), "hello world", tokenizer=d, max_new_tokens=NEW)
     assert out == python.to_dict()

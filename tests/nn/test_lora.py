@@ -202,14 +202,8 @@ def test_the_cli_trains_adapters_on_an_init_from_base(tmp_path, capsys):
 
 def test_a_quantized_base_from_a_plain_checkpoint(tmp_path):
     """--init-from a plain checkpoint with --lora and --quantize-base: the base quantized on load."""
-    train.train(
-        BASE.replace(vocab_size=256),
-        steps=1,
-        batch=2,
-        seq=8,
-        checkpoint_dir=tmp_path / "base",
-        progress=False,
-    )
+    run = train.RunConfig(steps=1, batch=2, seq=8, checkpoint={"dir": tmp_path / "base"}, progress=False)
+    train.train(BASE.replace(vocab_size=256), run)
     cfg = CFG.replace(vocab_size=256)
     model = train.initial_model(cfg.replace(quantize_base="int8"), 0, tmp_path / "base")
     assert isinstance(model.blocks.attn.q_proj, nn.QuantizedLinear)

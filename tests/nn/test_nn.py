@@ -254,8 +254,8 @@ def test_attention_matches_numpy_causal_softmax(cfg):
 def test_attention_reference_implementation_agrees_with_default():
     cfg = ATTENTION_CASES["llama-gqa-6/2-bias"]
     default = build(lambda rngs: Attention(cfg, rngs=rngs))
-    reference = build(lambda rngs: Attention(cfg.replace(attention="reference"), rngs=rngs))
-    assert (default.config.attention, reference.config.attention) == (None, "reference")
+    reference = build(lambda rngs: Attention(cfg, rngs=rngs, implementation="reference"))
+    assert (default.implementation, reference.implementation) == (None, "reference")
     x = jnp.asarray(normal(9, (B, T, cfg.d_model)), F32)
     assert_close(apply(default, x), apply(reference, x), F32, name="default vs reference")
 
@@ -418,7 +418,6 @@ def test_preset_param_count(name, count):
         (dict(norm="batch"), "norm"),
         (dict(activation="relu"), "activation"),
         (dict(positions="alibi"), "positions"),
-        (dict(remat="everything"), "remat"),
     ],
 )
 def test_bad_config_names_the_field(changes, field):

@@ -179,7 +179,7 @@ def test_a_model_runs_on_the_npu_route():
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 9)), jnp.int32)
     logits = {}
     for impl in ("npu_reference", "reference"):
-        model = jaxckpt.nn.Transformer(cfg.replace(attention=impl), rngs=nnx.Rngs(0))
+        model = jaxckpt.nn.Transformer(cfg, rngs=nnx.Rngs(0), attention=impl)
         logits[impl] = np.asarray(model(tokens))
     np.testing.assert_allclose(logits["npu_reference"], logits["reference"], atol=2e-5)
 

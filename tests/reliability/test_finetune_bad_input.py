@@ -19,9 +19,9 @@ def model_dir(tmp_path_factory):
     data.write_text("".join(json.dumps({"text": f"line {i} of the data"}) + "\n" for i in range(9)))
     cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48, max_len=40)
     cfg = cfg.replace(vocab_size=320)
-    kw = dict(steps=1, batch=1, seq=16, data=data, progress=False)
-    train.train(cfg, **kw, tokenizer=tok, checkpoint_dir=root / "ckpt")
-    train.train(cfg, **kw, tokenizer=tok, checkpoint_dir=root / "bare")
+    run = train.RunConfig(steps=1, batch=1, seq=16, data={"path": data, "tokenizer": tok}, progress=False)
+    train.train(cfg, run.replace(checkpoint={"dir": root / "ckpt"}))
+    train.train(cfg, run.replace(checkpoint={"dir": root / "bare"}))
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (root / "bare" / name).unlink(missing_ok=True)
     meta = json.loads((root / "bare" / "jaxckpt.json").read_text())

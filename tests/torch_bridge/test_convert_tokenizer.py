@@ -181,11 +181,14 @@ def test_save_hf_tokenizer_from(dirs, tmp_path):
 
 def test_a_trained_checkpoint_exports_its_tokenizer(dirs, tmp_path):
     from jaxckpt.nn import TransformerConfig
-    from jaxckpt.train import read_meta, train
+    from jaxckpt.train import RunConfig, read_meta, train
 
     config = TransformerConfig.from_dict(read_meta(dirs["jax"])["config"])
     trained = tmp_path / "trained"
-    train(config, steps=1, batch=1, seq=8, checkpoint_dir=trained, progress=False, init_from=dirs["jax"])
+    run = RunConfig(
+        steps=1, batch=1, seq=8, checkpoint={"dir": trained}, init_from=dirs["jax"], progress=False
+    )
+    train(config, run)
     if not _present(trained):  # until train copies them from --init-from itself
         copy_tokenizer_files(dirs["jax"], trained)
     result = _run("convert", str(trained), str(tmp_path / "hf"), "--to", "torch")

@@ -104,9 +104,18 @@ def test_seed_block_matches_exact_attention(tmp_path):
 @pytest.mark.slow
 def test_fine_tune_a_converted_model_with_remat(tmp_path):
     tm.tiny_llama().save_pretrained(tmp_path / "src")
-    config = train.source_config(tmp_path / "src").replace(remat="save_attn")
+    config = train.source_config(tmp_path / "src")
     src = tmp_path / "src"  # no tokenizer files: byte tokens, which fit its vocabulary
-    run = train.train(config, steps=4, batch=2, seq=12, init_from=src, tokenizer="bytes", progress=False)
+    run = train.RunConfig(
+        steps=4,
+        batch=2,
+        seq=12,
+        init_from=src,
+        data={"tokenizer": "bytes"},
+        remat="save_attn",
+        progress=False,
+    )
+    run = train.train(config, run)
     losses = [s["loss"] for s in run.steps]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     first = torch_bridge.load_hf(tmp_path / "src")

@@ -98,19 +98,21 @@ def test_remat_auto_on_an_fsdp_mesh_plans_per_device_and_trains_what_it_measured
     """Half-way between XLA's per-device peaks of full remat and none."""
     workload = plan.Workload(CFG, BATCH, SEQ, devices=8)
     budget = (plan.measure(workload, "full").peak + plan.measure(workload, "none").peak) // 2
-    config, auto = plan.resolve_auto(
-        CFG.replace(remat="auto", budget=budget), batch=BATCH, seq=SEQ, mesh="fsdp=8"
+    run = train.RunConfig(
+        steps=1, batch=BATCH, seq=SEQ, mesh="fsdp=8", progress=False, remat="auto", budget=budget
     )
-    assert auto.devices == 8 and auto.measured.peak <= budget and config.remat == auto.spec
+    resolved, auto = plan.resolve_auto(CFG, run)
+    assert auto.devices == 8 and auto.measured.peak <= budget and resolved.remat == auto.spec
+    assert resolved == run.replace(remat=auto.spec)  # the rest of the run as given
     assert auto.attempts[-1][2] == auto.measured  # each candidate compiled over the 8 devices
-    run = train.train(config, steps=1, batch=BATCH, seq=SEQ, mesh="fsdp=8", progress=False, plan=auto)
+    run = train.train(CFG, resolved, plan=auto)
     assert run.plan is auto and run.memory.peak == auto.measured.peak <= budget
 
 
 def test_remat_auto_refuses_a_mesh_with_a_data_axis():
-    auto = CFG.replace(remat="auto", budget="1GiB")
+    auto = train.RunConfig(steps=1, batch=BATCH, seq=SEQ, mesh="data=2,fsdp=4", remat="auto", budget="1GiB")
     with pytest.raises(ValueError, match="plans per device for FSDP meshes"):
-        plan.resolve_auto(auto, batch=BATCH, seq=SEQ, mesh="data=2,fsdp=4")
+        plan.resolve_auto(CFG, auto)
 
 
 def test_mesh_arguments_are_checked():

@@ -20,7 +20,7 @@ def _tokens(shape, seed=1):
 @pytest.mark.slow
 def test_loss_falls_over_50_steps_on_the_built_in_corpus():
     cfg = nn.TransformerConfig.preset("tiny", n_layers=2)
-    run = train.train(cfg, steps=50, batch=8, seq=64, progress=False)
+    run = train.train(cfg, train.RunConfig(steps=50, batch=8, seq=64, progress=False))
     losses = [s["loss"] for s in run.steps]
     assert len(losses) == 50 and all(np.isfinite(losses))
     assert losses[0] > 5.0  # about ln(256) at init
@@ -69,12 +69,12 @@ def test_bad_batch_is_rejected():
 
 @pytest.mark.slow
 def test_resume_gives_the_same_next_step_loss(tmp_path):
-    kwargs = dict(steps=4, batch=3, seq=11, seed=5, progress=False)
-    straight = train.train(SMALL, **kwargs)
+    run = train.RunConfig(steps=4, batch=3, seq=11, seed=5, progress=False)
+    straight = train.train(SMALL, run)
     ckpt = tmp_path / "ckpt"
-    first = train.train(SMALL, **{**kwargs, "steps": 2}, checkpoint_dir=ckpt)
+    first = train.train(SMALL, run.replace(steps=2, checkpoint={"dir": ckpt}))
     assert train.latest_step(ckpt) == 2
-    resumed = train.train(SMALL, **kwargs, checkpoint_dir=ckpt, resume=True)
+    resumed = train.train(SMALL, run.replace(checkpoint={"dir": ckpt, "resume": True}))
     assert [s["step"] for s in resumed.steps] == [2, 3]
     losses = [s["loss"] for s in first.steps + resumed.steps]
     assert losses == [s["loss"] for s in straight.steps]
@@ -83,52 +83,55 @@ def test_resume_gives_the_same_next_step_loss(tmp_path):
 
 @pytest.mark.slow
 def test_checkpoints_are_not_overwritten_without_force(tmp_path):
-    kwargs = dict(steps=1, batch=2, seq=7, progress=False, checkpoint_dir=tmp_path / "c")
-    train.train(SMALL, **kwargs)
+    run = train.RunConfig(steps=1, batch=2, seq=7, progress=False, checkpoint={"dir": tmp_path / "c"})
+    forced = run.replace(checkpoint={"force": True})
+    resuming = run.replace(steps=2, checkpoint={"resume": True})
+    train.train(SMALL, run)
     with pytest.raises(FileExistsError, match="force=True"):
-        train.train(SMALL, **kwargs)
-    train.train(SMALL, **kwargs, force=True)
+        train.train(SMALL, run)
+    train.train(SMALL, forced)
     # Bad input fails before --force deletes anything.
     with pytest.raises(ValueError, match="max_len"):
-        train.train(SMALL, **{**kwargs, "seq": SMALL.max_len + 1}, force=True)
+        train.train(SMALL, forced.replace(seq=SMALL.max_len + 1))
     with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
-        train.train(SMALL, **kwargs, data=tmp_path / "missing.txt", force=True)
+        train.train(SMALL, forced.replace(data={"path": tmp_path / "missing.txt"}))
     assert train.latest_step(tmp_path / "c") == 1
-    with pytest.raises(ValueError, match="resume=True needs checkpoint_dir="):
-        train.train(SMALL, steps=1, batch=2, seq=7, progress=False, resume=True)
+    # resume= without a dir is refused when the run is built: test_run_config.py
     with pytest.raises(ValueError, match=r"config\.n_layers: 3 -> 2"):
-        train.train(SMALL.replace(n_layers=2), **{**kwargs, "steps": 2}, resume=True)
+        train.train(SMALL.replace(n_layers=2), resuming)
     with pytest.raises(ValueError, match="seq: 7 -> 9"):
-        train.train(SMALL, **{**kwargs, "steps": 2, "seq": 9}, resume=True)
-    resumed = train.train(SMALL.replace(remat="save_attn"), **{**kwargs, "steps": 2}, resume=True)
+        train.train(SMALL, resuming.replace(seq=9))
+    resumed = train.train(SMALL, resuming.replace(remat="save_attn"))
     assert [s["step"] for s in resumed.steps] == [1]  # remat may change: it does not change the numbers
 
 
 @pytest.mark.slow
 def test_init_from_takes_the_parameters(tmp_path):
-    kwargs = dict(batch=2, seq=7, progress=False)
-    first = train.train(SMALL, steps=2, **kwargs, checkpoint_dir=tmp_path / "c")
-    second = train.train(SMALL, steps=1, **kwargs, seed=9, init_from=tmp_path / "c")
+    run = train.RunConfig(steps=1, batch=2, seq=7, progress=False)
+    first = train.train(SMALL, run.replace(steps=2, checkpoint={"dir": tmp_path / "c"}))
+    second = train.train(SMALL, run.replace(seed=9, init_from=tmp_path / "c"))
     batch = train.ByteBatches(train.load_tokens(None), 2, 7, seed=9).batch_at(0)[0]
     expected = float(train.next_token_loss(first.trainer.model, batch))
     assert second.steps[0]["loss"] == pytest.approx(expected, abs=1e-6)
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="Hugging Face"):
-        train.train(SMALL, steps=1, **kwargs, init_from=tmp_path / "hf")
+        train.train(SMALL, run.replace(init_from=tmp_path / "hf"))
 
 
 @pytest.mark.parametrize(
-    "kwargs, error, match",
+    "fields, error, match",
     [
-        (dict(steps=0), ValueError, "steps"),
         (dict(seq=SMALL.max_len + 1), ValueError, "max_len"),
-        (dict(data="no/such/file.txt"), FileNotFoundError, "no/such/file.txt"),
+        (dict(data={"path": "no/such/file.txt"}), FileNotFoundError, "no/such/file.txt"),
     ],
 )
-def test_train_rejects_bad_input(kwargs, error, match):
+def test_train_rejects_bad_input(fields, error, match):
+    """What the run alone cannot know (the model's max_len, the files); steps=0 and the
+    other checks of the run itself fail when it is built: test_run_config.py."""
+    run = train.RunConfig(**{**dict(steps=1, batch=2, seq=7, progress=False), **fields})
     with pytest.raises(error, match=match):
-        train.train(SMALL, **{**dict(steps=1, batch=2, seq=7, progress=False), **kwargs})
+        train.train(SMALL, run)
 
 
 def test_optimizer_config_validates():

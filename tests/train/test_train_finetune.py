@@ -34,29 +34,25 @@ def _config(vocab: int = 320) -> nn.TransformerConfig:
     return nn.TransformerConfig.preset("tiny", **SMALL, vocab_size=vocab)
 
 
+def _run(files, *, steps: int, data=(), batch=2, seq=24, **fields) -> train.RunConfig:
+    """A run on the module's data file with its tokenizer (``data``: more data fields)."""
+    data = {"path": files["data"], "tokenizer": files["tokenizer"], **dict(data)}
+    return train.RunConfig(steps=steps, batch=batch, seq=seq, data=data, progress=False, **fields)
+
+
 def test_packed_resume_continues_on_exactly_the_uninterrupted_batches(files, tmp_path):
-    common = dict(batch=2, seq=24, data=files["data"], tokenizer=files["tokenizer"], progress=False, seed=3)
-    whole = train.train(_config(), steps=7, **common)
-    first = train.train(_config(), steps=4, checkpoint_dir=tmp_path, **common)
-    rest = train.train(_config(), steps=7, checkpoint_dir=tmp_path, resume=True, **common)
+    run = _run(files, steps=7, seed=3)
+    whole = train.train(_config(), run)
+    first = train.train(_config(), run.replace(steps=4, checkpoint={"dir": tmp_path}))
+    rest = train.train(_config(), run.replace(checkpoint={"dir": tmp_path, "resume": True}))
     assert [r["loss"] for r in first.steps + rest.steps] == [r["loss"] for r in whole.steps]
     assert whole.data["kind"] == "packed" and whole.data["documents"] > 0
     assert whole.data == rest.data  # the counts continue across the resume
 
 
 def test_eval_every_records_the_evaluations_everywhere(files, tmp_path):
-    run = train.train(
-        _config(),
-        steps=5,
-        batch=2,
-        seq=24,
-        data=files["data"],
-        tokenizer=files["tokenizer"],
-        eval_split=0.2,
-        eval_every=2,
-        checkpoint_dir=tmp_path,
-        progress=False,
-    )
+    data = {"eval_split": 0.2, "eval_every": 2}
+    run = train.train(_config(), _run(files, steps=5, data=data, checkpoint={"dir": tmp_path}))
     assert [e["step"] for e in run.eval] == [2, 4, 5]
     assert all(e["perplexity"] > 1 for e in run.eval)
     meta = json.loads((tmp_path / "jaxckpt.json").read_text())
@@ -72,9 +68,10 @@ def test_eval_every_records_the_evaluations_everywhere(files, tmp_path):
 
 def test_the_tokenizer_must_fit_the_vocabulary(files):
     with pytest.raises(ValueError, match=r"its 307 ids do not fit the model's vocab_size=256"):
-        train.train(_config(256), steps=1, batch=1, seq=8, data=files["data"], tokenizer=files["tokenizer"])
-    with pytest.raises(ValueError, match="eval_every needs held-out data"):
-        train.train(_config(), steps=1, batch=1, seq=8, eval_every=1)
+        train.train(_config(256), _run(files, steps=1, batch=1, seq=8))
+    # eval_every without held-out data is refused when the run is built
+    with pytest.raises(ValueError, match=r"data\.eval_every=1 needs held-out data: give data\.eval_path="):
+        train.RunConfig(steps=1, batch=1, seq=8, data={"eval_every": 1})
 
 
 def test_cli_train_json_and_eval(files, tmp_path, capsys):
@@ -96,7 +93,6 @@ def test_cli_train_json_and_eval(files, tmp_path, capsys):
 
 
 def test_the_metadata_keeps_the_data_states_of_the_kept_checkpoints_only(files, tmp_path):
-    common = dict(batch=2, seq=24, data=files["data"], tokenizer=files["tokenizer"], progress=False)
-    train.train(_config(), steps=5, checkpoint_dir=tmp_path, checkpoint_every=1, **common)
+    train.train(_config(), _run(files, steps=5, checkpoint={"dir": tmp_path, "every": 1}))
     meta = json.loads((tmp_path / "jaxckpt.json").read_text())
     assert sorted(meta["data_states"], key=int) == ["3", "4", "5"]  # orbax keeps the newest 3

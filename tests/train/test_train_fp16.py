@@ -20,8 +20,8 @@ CFG = nn.TransformerConfig.preset(
     head_dim=6,
     ffn_dim=22,
     dtype="float16",
-    remat="none",
 )
+REMAT = "none"  # the step these tests compile (a run setting: RunConfig.remat, Trainer(remat=))
 SHAPE = (1, 3, 17)
 FAST = dict(learning_rate=1e-2, warmup_steps=0)
 
@@ -39,7 +39,7 @@ def _snapshot(trainer) -> list:
 @pytest.mark.parametrize("offload", [False, True])
 def test_overflow_skips_the_step_and_halves_the_scale_then_good_steps_grow_it(offload):
     config = train.OptimizerConfig(loss_scale_init=2.0**40, loss_scale_period=4, offload=offload, **FAST)
-    trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config)
+    trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config, remat=REMAT)
     before = _snapshot(trainer)
     loss = float(trainer.step(_batch()))
     assert np.isfinite(loss)  # the loss is unscaled; its float16 gradients overflowed
@@ -78,7 +78,10 @@ def test_scaler_adjusts_as_jmp():
 
 
 def test_loss_falls_in_float16_and_the_run_reports_skips():
-    run = train.train(CFG, steps=12, batch=3, seq=16, progress=False, optimizer=train.OptimizerConfig(**FAST))
+    run = train.RunConfig(
+        steps=12, batch=3, seq=16, progress=False, optimizer=train.OptimizerConfig(**FAST), remat=REMAT
+    )
+    run = train.train(CFG, run)
     result = run.to_dict()
     losses = [s["loss"] for s in result["steps"]]
     assert all(np.isfinite(losses)) and np.mean(losses[-3:]) < losses[0] - 0.5, losses
@@ -89,17 +92,27 @@ def test_loss_falls_in_float16_and_the_run_reports_skips():
 
 def test_resume_continues_the_scale_and_the_skip_count(tmp_path):
     optimizer = train.OptimizerConfig(loss_scale_init=2.0**40, **FAST)
-    common = dict(batch=3, seq=16, progress=False, optimizer=optimizer, checkpoint_dir=tmp_path)
-    first = train.train(CFG, steps=3, **common)
+    run = train.RunConfig(
+        steps=3,
+        batch=3,
+        seq=16,
+        progress=False,
+        optimizer=optimizer,
+        checkpoint={"dir": tmp_path},
+        remat=REMAT,
+    )
+    first = train.train(CFG, run)
     assert (first.skipped_steps, first.loss_scale) == (3, 2.0**37)
-    resumed = train.train(CFG, steps=5, resume=True, **common)
+    resumed = train.train(CFG, run.replace(steps=5, checkpoint={"resume": True}))
     assert [s["step"] for s in resumed.steps] == [3, 4]
     assert (resumed.skipped_steps, resumed.loss_scale) == (5, 2.0**35)  # not 2**38: the scale was restored
 
 
 def test_float16_params_train_with_float32_moments():
     cfg = CFG.replace(param_dtype="float16")
-    trainer = train.Trainer(nn.Transformer(cfg, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(**FAST))
+    trainer = train.Trainer(
+        nn.Transformer(cfg, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(**FAST), remat=REMAT
+    )
     losses = [float(trainer.step(_batch())) for _ in range(10)]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.3, losses
     assert {p.dtype for p in jax.tree.leaves(nnx.state(trainer.model, nnx.Param))} == {jnp.dtype(jnp.float16)}
@@ -144,7 +157,7 @@ def test_skip_guards_a_run_without_loss_scaling():
     model = nn.Transformer(CFG.replace(dtype="float32"), rngs=nnx.Rngs(0))
     model.embed.embedding[...] = model.embed.embedding[...].at[0, 0].set(jnp.inf)
     config = train.OptimizerConfig(skip_nonfinite=True, **FAST)
-    trainer = train.Trainer(model, optimizer=config)
+    trainer = train.Trainer(model, optimizer=config, remat=REMAT)
     before = [np.asarray(x).copy() for x in jax.tree.leaves(trainer.state)]
     loss = float(trainer.step(jnp.zeros(SHAPE, jnp.int32)))
     assert not np.isfinite(loss)

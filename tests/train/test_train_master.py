@@ -100,10 +100,10 @@ def test_offload_master_needs_float32_masters_of_a_16_bit_compute(config):
 
 def test_a_resumed_run_with_host_masters_ends_as_the_uninterrupted_one(tmp_path):
     settings = train.OptimizerConfig(offload_master=True)
-    kwargs = dict(batch=2, seq=16, progress=False, optimizer=settings)
-    whole = train.train(BF16, steps=4, **kwargs)
-    train.train(BF16, steps=2, checkpoint_dir=tmp_path, checkpoint_every=2, **kwargs)
-    resumed = train.train(BF16, steps=4, checkpoint_dir=tmp_path, resume=True, **kwargs)
+    run = train.RunConfig(steps=4, batch=2, seq=16, progress=False, optimizer=settings)
+    whole = train.train(BF16, run)
+    train.train(BF16, run.replace(steps=2, checkpoint={"dir": tmp_path, "every": 2}))
+    resumed = train.train(BF16, run.replace(checkpoint={"dir": tmp_path, "resume": True}))
     assert [s["loss"] for s in resumed.steps] == [s["loss"] for s in whole.steps[2:]]
     assert resumed.to_dict()["optimizer"]["offload_master"] is True
 
@@ -126,11 +126,11 @@ def test_the_planner_compiles_and_prices_host_masters():
     """``small`` in bfloat16: the masters leave the device's peak, within 10% of XLA:CPU."""
     config = nn.TransformerConfig.preset("small", dtype="bfloat16")
     on_device = plan.Workload(config, 2, 512)
-    on_host = on_device.replace(master_placement="host")
-    measured = {w.master_placement: plan.measure(w, "full").peak for w in (on_device, on_host)}
-    assert measured["host"] < measured["device"]
+    on_host = on_device.replace(optimizer=train.OptimizerConfig(offload_master=True))
+    measured = {w.optimizer.offload_master: plan.measure(w, "full").peak for w in (on_device, on_host)}
+    assert measured[True] < measured[False]
     predicted = plan.predict(on_host, "full")
-    assert predicted.total == pytest.approx(measured["host"], rel=0.10)
+    assert predicted.total == pytest.approx(measured[True], rel=0.10)
     assert predicted.host == plan.state_bytes(on_host)[0]
 
 

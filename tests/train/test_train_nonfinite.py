@@ -62,9 +62,10 @@ def test_float16_overflows_do_not_stop_a_run_but_a_nan_loss_does():
     """Dynamic loss scaling: a scale too high overflows the float16 gradients (finite loss):
     the scaler skips and halves, whatever ``on_nonfinite``; a NaN loss then stops the run."""
     scaled = train.OptimizerConfig(loss_scale_init=2.0**40, warmup_steps=0, learning_rate=1e-2)
-    run = train.train(CFG16, steps=4, batch=3, seq=16, progress=False, optimizer=scaled, on_nonfinite="stop")
+    run = train.RunConfig(steps=4, batch=3, seq=16, progress=False, optimizer=scaled, on_nonfinite="stop")
+    diverging = run.replace(steps=8, optimizer=train.OptimizerConfig(learning_rate=1e8, warmup_steps=0))
+    run = train.train(CFG16, run)
     assert run.skipped_steps == 4 and all(np.isfinite(s["loss"]) for s in run.steps)
-    diverging = train.OptimizerConfig(learning_rate=1e8, warmup_steps=0)
     with pytest.raises(train.NonFiniteError, match=r"^step \d+: the loss is nan") as err:
-        train.train(CFG16, steps=8, batch=3, seq=16, progress=False, optimizer=diverging, on_nonfinite="stop")
+        train.train(CFG16, diverging)
     assert err.value.step >= 1

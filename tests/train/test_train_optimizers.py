@@ -18,8 +18,9 @@ from jaxckpt.train import _offload
 
 # d_model and ffn_dim >= 128: optax's Adafactor factors the [L, d_model, ffn_dim] kernels.
 CFG = nn.TransformerConfig.preset(
-    "tiny", d_model=130, n_layers=1, n_heads=5, n_kv_heads=1, head_dim=26, ffn_dim=134, remat="none"
+    "tiny", d_model=130, n_layers=1, n_heads=5, n_kv_heads=1, head_dim=26, ffn_dim=134
 )
+REMAT = "none"  # the step these tests compile (a run setting: Trainer(remat=), RunConfig.remat)
 SHAPE = (1, 3, 18)
 FAST = dict(learning_rate=1e-2, warmup_steps=0)
 
@@ -73,7 +74,7 @@ def _moment_bytes(optimizer) -> int:
 )
 def test_each_optimizer_trains_and_holds_the_state_it_should(name, moments_dtype):
     config = train.OptimizerConfig(name=name, moments_dtype=moments_dtype, **FAST)
-    trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config)
+    trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config, remat=REMAT)
     model, optimizer = nnx.merge(trainer.graphdef, trainer.state)
     params = _param_leaves(model)
     assert _moment_bytes(optimizer) == _expected_state_bytes(name, moments_dtype, params)
@@ -97,7 +98,7 @@ def test_bfloat16_moments_halve_the_compiled_state():
 
     def argument_bytes(**fields) -> int:
         trainer = train.Trainer(
-            nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(**fields)
+            nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(**fields), remat=REMAT
         )
         return trainer.compile(SHAPE).memory_analysis().argument_size_in_bytes
 
@@ -189,6 +190,7 @@ def test_checkpoints_restore_each_optimizer(tmp_path):
                 name: train.Trainer(
                     nn.Transformer(CFG, rngs=nnx.Rngs(seed)),
                     optimizer=train.OptimizerConfig(name=name, moments_dtype="bfloat16"),
+                    remat=REMAT,
                 ).state
                 for name in train.OPTIMIZERS
             }
@@ -205,7 +207,7 @@ def test_checkpoints_restore_each_optimizer(tmp_path):
 def test_offloaded_state_lives_in_host_memory_and_trains_alike():
     def run(offload):
         config = train.OptimizerConfig(offload=offload, **FAST)
-        trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config)
+        trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config, remat=REMAT)
         losses = [float(trainer.step(_batch())) for _ in range(3)]
         return trainer, losses
 
@@ -220,7 +222,9 @@ def test_offloaded_state_lives_in_host_memory_and_trains_alike():
 def test_offload_refuses_a_device_without_host_memory(monkeypatch):
     monkeypatch.setattr(_offload, "has_pinned_host", lambda device=None: False)
     with pytest.raises(ValueError, match="offload=True needs a 'pinned_host' memory space"):
-        train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(offload=True))
+        train.Trainer(
+            nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(offload=True), remat=REMAT
+        )
 
 
 def test_stream_to_host_updates_leaf_by_leaf_like_the_whole_tree():

@@ -33,7 +33,7 @@ SIZES = dict(d_model=24, n_heads=3, n_kv_heads=1, head_dim=10, ffn_dim=40, vocab
 def _split(case):
     preset, overrides = CASES[case]
     cfg = nn.TransformerConfig.preset(preset, **{**SIZES, **overrides, "dtype": "float32"})
-    model = nn.Transformer(cfg.replace(param_dtype="float32", attention=ATTENTION), rngs=nnx.Rngs(5))
+    model = nn.Transformer(cfg.replace(param_dtype="float32"), rngs=nnx.Rngs(5), attention=ATTENTION)
     return nnx.split(model, nnx.Param, ...)
 
 
