@@ -7,7 +7,7 @@ import plan_family_cases as pfc
 import pytest
 from flax import nnx
 
-from jaxckpt import nn, plan, remat
+from jaxckpt import nn, plan, remat, train
 from jaxckpt.plan._analytic import head_working_set
 from jaxckpt.remat import Tag
 from jaxckpt.remat._residuals import saved_residuals
@@ -27,8 +27,16 @@ against ``measure`` runs these in fp32 and the bf16 residuals are checked agains
 FAMILY_BATCH, FAMILY_SEQ = pfc.BATCH, pfc.SEQ
 
 
+def make_workload(config, batch: int, seq: int, attention=None, **optimizer) -> plan.Workload:
+    """The one place this module builds a ``Workload``; ``optimizer`` are ``train.OptimizerConfig``
+    fields (AdamW by default)."""
+    return plan.Workload(
+        config, batch, seq, optimizer=train.OptimizerConfig(**optimizer), attention=attention
+    )
+
+
 def _error(config, batch, seq, preset, optimizer="adamw") -> float:
-    workload = plan.Workload(config, batch, seq, optimizer=optimizer)
+    workload = make_workload(config, batch, seq, name=optimizer)
     return plan.predict(workload, preset).total / plan.measure(workload, preset).peak - 1
 
 
@@ -47,9 +55,9 @@ def test_prediction_for_other_optimizers(optimizer):
 
 
 def test_reference_attention_keeps_t_squared_per_layer():
-    cfg = nn.TransformerConfig.preset("tiny", attention="reference")
-    flash = plan.layer_graph(plan.Workload(cfg.replace(attention="blockwise"), 2, 64)).residual_bytes()
-    scores = plan.layer_graph(plan.Workload(cfg, 2, 64)).residual_bytes() - flash
+    cfg = nn.TransformerConfig.preset("tiny")
+    flash = plan.layer_graph(make_workload(cfg, 2, 64, attention="blockwise")).residual_bytes()
+    scores = plan.layer_graph(make_workload(cfg, 2, 64, attention="reference")).residual_bytes() - flash
     assert scores >= 2 * 2 * cfg.n_heads * 64 * 64 * 4 - 2**16
 
 
@@ -65,7 +73,7 @@ def test_residual_bytes_match_jax_saved_residuals():
         for r in saved
         if "from the argument s" not in r.src and "(promote_dtype" not in r.src and "_along_last" not in r.src
     ]
-    graph = plan.layer_graph(plan.Workload(cfg, 2, 40))
+    graph = plan.layer_graph(make_workload(cfg, 2, 40))
     # JAX also lists the reshape of attn_out the output projection reads: the same buffer
     reshape_of_attn_out = graph.values["o"].nbytes
     assert graph.residual_bytes() == pytest.approx(sum(kept) - reshape_of_attn_out, rel=0.02)
@@ -74,7 +82,7 @@ def test_residual_bytes_match_jax_saved_residuals():
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_recompute_flops_fall_as_tags_are_saved(family):
     cfg = nn.TransformerConfig.preset("tiny" if family == "llama" else "gpt2", n_layers=1)
-    graph = plan.layer_graph(plan.Workload(cfg, 1, 64))
+    graph = plan.layer_graph(make_workload(cfg, 1, 64))
     full = graph.recompute_flops(set())
     assert 0 < full <= graph.forward_flops()
     everything = {v.tag for v in graph.values.values() if v.tag}
@@ -84,21 +92,21 @@ def test_recompute_flops_fall_as_tags_are_saved(family):
 
 
 def test_a_saved_tag_nothing_reads_is_not_stored():
-    graph = plan.layer_graph(plan.Workload(nn.TransformerConfig.preset("tiny"), 1, 32))
+    graph = plan.layer_graph(make_workload(nn.TransformerConfig.preset("tiny"), 1, 32))
     assert graph.stored_bytes({Tag.MLP_DOWN}) == graph.stored_bytes(set())
 
 
 def test_state_bytes_per_dtype_and_optimizer():
     cfg = nn.TransformerConfig.preset("tiny")
-    w = plan.Workload(cfg, 1, 8)
+    w = make_workload(cfg, 1, 8)
     params, adamw = plan.state_bytes(w)
     half, _ = plan.state_bytes(w.replace(config=cfg.replace(param_dtype="bfloat16")))
     assert half == params // 2
     assert adamw == pytest.approx(2 * params, rel=0.01)
-    sgd, adafactor = (plan.state_bytes(w.replace(optimizer=o))[1] for o in ("sgd", "adafactor"))
+    sgd, adafactor = (plan.state_bytes(make_workload(cfg, 1, 8, name=o))[1] for o in ("sgd", "adafactor"))
     assert adafactor < sgd < adamw  # factored statistics; SGD's momentum (jaxckpt train's 0.9)
     assert sgd == pytest.approx(params, rel=0.01)
-    bf16_moments = plan.state_bytes(w.replace(moments_dtype="bfloat16"))[1]
+    bf16_moments = plan.state_bytes(make_workload(cfg, 1, 8, moments_dtype="bfloat16"))[1]
     assert bf16_moments == pytest.approx(params, rel=0.01)  # both AdamW moments in 2 bytes
 
 
@@ -113,7 +121,7 @@ def test_korthikanti_flash_drops_the_quadratic_term():
 def test_predict_rejects_bad_input():
     cfg = nn.TransformerConfig.preset("tiny")
     with pytest.raises(ValueError, match="auto"):
-        plan.predict(plan.Workload(cfg, 1, 8), "auto")
+        plan.predict(make_workload(cfg, 1, 8), "auto")
     with pytest.raises(TypeError, match=r"predict: workload must be a plan\.Workload"):
         plan.predict(cfg, "full")
 
@@ -125,11 +133,12 @@ def test_predict_rejects_bad_input():
 def test_per_layer_residuals_without_remat_match_the_measured_slope(family, attention):
     """One more layer adds what ``residual_bytes`` says (Korthikanti's formula is the baseline;
     it counts 16-bit tensors and dropout masks, so it sits far below an fp32 model)."""
-    cfg = nn.TransformerConfig.preset(family, n_layers=2, vocab_size=512, attention=attention)
+    cfg = nn.TransformerConfig.preset(family, n_layers=2, vocab_size=512)
     two, three = (
-        plan.measure(plan.Workload(cfg.replace(n_layers=n), 2, 128), "none").activations for n in (2, 3)
+        plan.measure(make_workload(cfg.replace(n_layers=n), 2, 128, attention), "none").activations
+        for n in (2, 3)
     )
-    per_layer = plan.layer_graph(plan.Workload(cfg, 2, 128)).residual_bytes()
+    per_layer = plan.layer_graph(make_workload(cfg, 2, 128, attention)).residual_bytes()
     assert per_layer == pytest.approx(three - two, rel=0.05)
 
 
@@ -167,7 +176,7 @@ def test_family_residuals_match_jax_saved_residuals(family, dtype):
             for r in saved
             if not any(src in r.src for src in ("from the argument s", "(promote_dtype", "_along_last"))
         )
-        graph = plan.layer_graph(plan.Workload(config, 2, 40), kind)
+        graph = plan.layer_graph(make_workload(config, 2, 40), kind)
         # JAX also lists the reshape of attn_out the output projection reads: the same buffer;
         # Gemma's norms keep their (1 + w), a few hundred bytes
         assert graph.residual_bytes() + graph.values["o"].nbytes == pytest.approx(kept, rel=0.005), kind
@@ -177,7 +186,7 @@ def test_family_residuals_match_jax_saved_residuals(family, dtype):
 def test_layer_kinds_share_one_graph():
     """The stack's graph: the bytes of its largest kind, the FLOPs of its mean layer."""
     config = FAMILIES["gemma3"].replace(layer_pattern=("sliding_nope", "sliding", "full"), n_layers=6)
-    workload = plan.Workload(config, 2, 1536)
+    workload = make_workload(config, 2, 1536)
     stack = plan.layer_graph(workload)
     kinds = {kind: plan.layer_graph(workload, kind) for kind in config.layer_kinds}
     total = sum(kinds[kind].forward_flops() for kind in config.layer_kinds)
@@ -191,8 +200,8 @@ def test_layer_kinds_share_one_graph():
 
 
 def test_new_ops_carry_their_flops():
-    llama = plan.layer_graph(plan.Workload(FAMILIES["llama3"], 2, 512))
-    qwen3 = plan.layer_graph(plan.Workload(FAMILIES["qwen3"], 2, 512))
+    llama = plan.layer_graph(make_workload(FAMILIES["llama3"], 2, 512))
+    qwen3 = plan.layer_graph(make_workload(FAMILIES["qwen3"], 2, 512))
     names = lambda g, tags=frozenset(): {op.name for op in g.recompute(g.tagged(tags) | {"x"})}
     assert {"q_norm", "k_norm"} <= names(qwen3)
     saved_qk = names(qwen3, {Tag.Q_PROJ, Tag.K_PROJ})  # the flash backward reads q and k normed and rotated
@@ -200,14 +209,14 @@ def test_new_ops_carry_their_flops():
     assert qwen3.recompute_flops(set()) > llama.recompute_flops(set())
     gemma = FAMILIES["gemma2"]
     capped, uncapped = (
-        plan.layer_graph(plan.Workload(gemma.replace(attention_softcap=cap), 2, 512), nn.LAYER_KINDS["full"])
+        plan.layer_graph(make_workload(gemma.replace(attention_softcap=cap), 2, 512), nn.LAYER_KINDS["full"])
         for cap in (50.0, None)
     )
     assert capped.forward_flops() > uncapped.forward_flops()
     assert {"post_norm1", "post_norm2"} <= {op.name for op in capped.ops}
     assert Tag.MLP_DOWN in {capped.values[name].tag for name in capped.reads}  # the post norm reads it
     rope = lambda cfg: next(
-        op.flops for op in plan.layer_graph(plan.Workload(cfg, 2, 512)).ops if op.name == "rope"
+        op.flops for op in plan.layer_graph(make_workload(cfg, 2, 512)).ops if op.name == "rope"
     )
     phi3 = FAMILIES["phi3"]
     assert rope(phi3) * phi3.head_dim == rope(phi3.replace(rotary_fraction=1.0)) * phi3.rotary_dim
@@ -216,7 +225,7 @@ def test_new_ops_carry_their_flops():
 @pytest.mark.parametrize(("dtype", "added"), [("float32", 8), ("bfloat16", 0)])
 def test_logit_soft_cap_adds_two_fp32_buffers_unless_16_bit(dtype, added):
     config = FAMILIES["gemma2"].replace(dtype=dtype)
-    workload = plan.Workload(config, 2, 64)
+    workload = make_workload(config, 2, 64)
     uncapped = workload.replace(config=config.replace(logits_softcap=None))
     extra = head_working_set(workload) - head_working_set(uncapped)
     assert extra == added * 2 * 64 * config.vocab_size

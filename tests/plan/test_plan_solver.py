@@ -11,7 +11,19 @@ from jaxckpt.remat import RematSpec, Tag
 
 CONFIG = nn.TransformerConfig.preset("tiny", n_layers=2)
 BATCH, SEQ = 2, 128
-W = plan.Workload(CONFIG, BATCH, SEQ)
+
+
+def make_workload(
+    config: nn.TransformerConfig = CONFIG, batch: int = BATCH, seq: int = SEQ, **optimizer
+) -> plan.Workload:
+    """The one place this module builds a ``Workload``; ``optimizer`` are ``train.OptimizerConfig``
+    fields (AdamW by default)."""
+    return plan.Workload(config, batch, seq, optimizer=train.OptimizerConfig(**optimizer))
+
+
+W = make_workload()
+"""Every planner test plans this one step: the specs one test compiles are cached (per
+process, ``compile_report``) for the others."""
 SMALL_TAG_SET = [Tag.NORM_OUT, Tag.Q_PROJ, Tag.ATTN_OUT, Tag.ATTN_LSE, Tag.MLP_UP, Tag.MLP_ACT]
 
 
@@ -114,30 +126,35 @@ def test_plan_memory_rejects_bad_input():
         plan.plan_memory(CONFIG, 2**30)
 
 
+def _run(**fields) -> train.RunConfig:
+    return train.RunConfig(steps=2, batch=BATCH, seq=SEQ, progress=False, **fields)
+
+
 @pytest.mark.slow
 def test_remat_auto_trains_under_its_budget():
     budget = plan.measure(W, "save_attn").peak + 2**20
-    config, chosen = plan.resolve_auto(CONFIG.replace(remat="auto", budget=budget), batch=BATCH, seq=SEQ)
-    assert config.remat == chosen.spec and chosen.budget == budget
-    run = train.train(config, steps=2, batch=BATCH, seq=SEQ, progress=False, plan=chosen)
-    assert run.plan is chosen and run.memory.peak <= budget
-    assert run.memory.peak == chosen.measured.peak  # the step that trains is the one measured
-    assert run.trainer.spec == run.plan.spec
-    assert len(run.steps) == 2 and all(s["loss"] > 0 for s in run.steps)
+    run, chosen = plan.resolve_auto(CONFIG, _run(remat="auto", budget=budget))
+    assert run.remat == chosen.spec and chosen.budget == budget
+    trained = train.train(CONFIG, run, plan=chosen)
+    assert trained.plan is chosen and trained.memory.peak <= budget
+    assert trained.memory.peak == chosen.measured.peak  # the step that trains is the one measured
+    assert trained.trainer.spec == trained.plan.spec
+    assert len(trained.steps) == 2 and all(s["loss"] > 0 for s in trained.steps)
 
 
 def test_resolve_auto_leaves_other_remat_alone():
-    assert plan.resolve_auto(CONFIG, batch=BATCH, seq=SEQ) == (CONFIG, None)
+    run = _run()
+    assert plan.resolve_auto(CONFIG, run) == (run, None)
 
 
 def test_remat_auto_needs_a_budget_and_the_planner():
-    with pytest.raises(ValueError, match="needs a budget"):
-        CONFIG.replace(remat="auto")
+    with pytest.raises(ValueError, match="needs budget"):
+        _run(remat="auto")
     with pytest.raises(ValueError, match="planner"):
         remat.get("auto")
-    assert CONFIG.replace(remat="auto", budget="30MiB").budget == 30 * 2**20
+    assert _run(remat="auto", budget="30MiB").budget == 30 * 2**20
     with pytest.raises(ValueError, match="budget"):
-        CONFIG.replace(budget="lots")
+        _run(budget="lots")
 
 
 @pytest.mark.parametrize(
@@ -182,7 +199,7 @@ def test_what_would_fit_is_predicted_for_the_workload_it_names():
     """Each hint is a workload whose full-remat prediction fits, with that peak (a shorter
     ``seq`` is a shorter sequence: the hint for ``seq=64`` is not checked at another batch);
     LoRA and QLoRA are named with their peaks even where they do not fit alone."""
-    workload, limit = plan.Workload(nn.TransformerConfig.preset("tiny"), 8, 256), 24 * 2**20
+    workload, limit = make_workload(nn.TransformerConfig.preset("tiny"), 8, 256), 24 * 2**20
     message = infeasible_message(workload, limit, limit + 1, _Compiler(None, None, offload=False))
     fits, short = message.split("What would fit: ")[1].split(". Not enough alone: ")
     peak = lambda **changes: plan.predict(workload.replace(**changes), "full").total
