@@ -16,7 +16,9 @@ B, T, S, N, K, H = 2, 7, 9, 6, 3, 16
 
 
 def _arr(shape, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng(len(shape)).standard_normal(shape), dtype)
+    """Converted in NumPy and placed with device_put: jnp.asarray would compile a program
+    for each of the module's shapes at import."""
+    return jax.device_put(np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype))
 
 
 def _qkv(q_shape=(B, T, N, H), kv_shape=(B, S, K, H), dtype=jnp.float32):

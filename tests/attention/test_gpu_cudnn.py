@@ -18,7 +18,7 @@ from jax.ad_checkpoint import checkpoint_policies
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxckpt import nn, plan
+from jaxckpt import nn, plan, train
 from jaxckpt.attention import AttentionInputs, full_mask, normalize
 from jaxckpt.attention._blockwise import blockwise_attention
 from jaxckpt.attention._cudnn import cudnn_attention, named_residual_attention
@@ -60,8 +60,9 @@ def _cudnn_calls_per_scan_body(text: str) -> list[tuple[int, int]]:
     ],
 )
 def test_train_step_keeps_cudnn_attention_out_of_the_recomputation(remat, per_layer):
-    cfg = nn.TransformerConfig.preset("tiny", n_layers=3, attention="cudnn", dtype="bfloat16")
-    workload = plan.Workload(cfg, batch=3, seq=48, optimizer="sgd")
+    cfg = nn.TransformerConfig.preset("tiny", n_layers=3, dtype="bfloat16")
+    sgd = train.OptimizerConfig(name="sgd")
+    workload = plan.Workload(cfg, batch=3, seq=48, optimizer=sgd, attention="cudnn")
     text = plan.compile_step(workload, remat, target="h100-80g").as_text()
     assert _cudnn_calls_per_scan_body(text) == per_layer
 
