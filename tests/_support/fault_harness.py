@@ -17,10 +17,12 @@ same command:
 ``tests/reliability/test_faults_kill.py`` runs 10 kills; ``benchmarks/reliability/bench_faults.py`` runs 100.
 """
 
+import atexit
 import dataclasses
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -59,6 +61,102 @@ class Process:
         return self.returncode in (-signal.SIGKILL, -signal.SIGTERM)
 
 
+class ForkServer:
+    """A client of ``fault_child.py serve``: one warm Python (JAX, jaxckpt and ``modules``
+    imported, no backend started) that forks every process of the harness, so that each
+    starts in milliseconds instead of importing for seconds."""
+
+    def __init__(self, modules: tuple = ()):
+        self.server = subprocess.Popen(
+            [sys.executable, str(CHILD), "serve", *modules],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=child_env(),
+        )
+        self.exits: dict[int, int] = {}
+        self.pending = b""
+        if self._answer(None) != "ready":
+            raise RuntimeError(f"the fork server did not start (exit {self.server.wait()})")
+
+    def start(self, module: str, argv: list, stdout=None, stderr=None, env=None) -> "Forked":
+        """Forks a process running ``module.main(argv)``, its stdout and stderr to those files
+        (None: /dev/null), with ``env`` added to the environment."""
+        request = {"module": module, "argv": [str(a) for a in argv], "env": env or {}}
+        request |= {"stdout": stdout and str(stdout), "stderr": stderr and str(stderr)}
+        self.server.stdin.write(json.dumps(request).encode() + b"\n")
+        self.server.stdin.flush()
+        line = self._answer(None)
+        while not line.startswith("pid "):
+            line = self._answer(None)
+        return Forked(self, int(line.split()[1]))
+
+    def _answer(self, timeout: float | None) -> str:
+        """The server's next answer (an ``exit`` is recorded), or "" after ``timeout`` seconds.
+        Read from the pipe unbuffered: a buffered reader would hide lines from ``select``."""
+        while b"\n" not in self.pending:
+            if timeout is not None and not select.select([self.server.stdout], [], [], timeout)[0]:
+                return ""
+            chunk = os.read(self.server.stdout.fileno(), 4096)
+            if not chunk:
+                raise RuntimeError(f"the fork server died (exit {self.server.wait()})")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        if line.startswith(b"exit "):
+            _, pid, code = line.split()
+            self.exits[int(pid)] = int(code)
+        return line.decode()
+
+    def close(self) -> None:
+        """Ends the server (and kills any process it forked that is still running)."""
+        if self.server.poll() is None:
+            self.server.stdin.close()
+            self.server.wait(timeout=60)
+
+
+class Forked:
+    """One process forked by a ``ForkServer``: the ``subprocess.Popen`` calls the tests use."""
+
+    def __init__(self, server: ForkServer, pid: int):
+        self.server, self.pid = server, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.exits.get(self.pid)
+
+    def poll(self) -> int | None:
+        while self.returncode is None and self.server._answer(0):
+            pass
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout)
+            self.server._answer(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_SERVER: ForkServer | None = None
+
+
+def fork_server() -> ForkServer:
+    """This process's fork server, started at the first call (ended at exit)."""
+    global _SERVER
+    if _SERVER is None or _SERVER.server.poll() is not None:
+        _SERVER = ForkServer(("fault_child", "multihost_check", "multihost_die"))
+        atexit.register(_SERVER.close)
+    return _SERVER
+
+
 def run_process(
     workdir: Path,
     train_args: tuple,
@@ -67,29 +165,33 @@ def run_process(
     kill_at: int = 0,
     action: str = "KILL",
     kill_after: float | None = None,
-    after_first_step: bool = False,
+    after_step: int | None = None,
     timeout: float = 300,
 ) -> Process:
-    """Runs one ``jaxckpt train --resume`` process (see ``fault_child.py``): ``action``
-    (``KILL``, ``TERM``, or ``FULL``: the disk fills) at its ``kill_at``-th checkpoint
-    file-system call, or the signal ``action`` from the harness ``kill_after`` seconds
-    after it started (``after_first_step``: after its first step), or neither."""
+    """Runs one ``jaxckpt train --resume`` process (see ``fault_child.py``, forked warm by
+    ``fork_server``): ``action`` (``KILL``, ``TERM``, or ``FULL``: the disk fills; ``KILL@stage``)
+    at its ``kill_at``-th checkpoint file-system call, or the signal ``action`` from the harness
+    ``kill_after`` seconds after it started (``after_step``: after it logged that step), or
+    neither."""
     n = len(list(workdir.glob("progress-*.txt")))
     progress, stderr = workdir / f"progress-{n}.txt", workdir / f"stderr-{n}.txt"
     progress.touch()
-    command = [sys.executable, str(CHILD), str(progress), str(kill_at), action, "--", *train_args]
-    command += ["--checkpoint-dir", str(checkpoint_dir), "--resume"]
+    stderr.touch()  # a process killed at once never opens it
+    argv = [str(progress), str(kill_at), action, "--", *train_args]
+    argv += ["--checkpoint-dir", str(checkpoint_dir), "--resume"]
     t0 = time.perf_counter()
-    with open(stderr, "w") as err:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=child_env())
-        while after_first_step and proc.poll() is None and "step " not in progress.read_text():
-            time.sleep(0.02)
+    proc = fork_server().start("fault_child", argv, stderr=stderr)
+    try:
+        while after_step is not None and proc.poll() is None and not logged(progress, after_step):
+            time.sleep(0.01)
         if kill_after is not None:
             try:
                 proc.wait(timeout=kill_after)
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.Signals[f"SIG{action}"])
         proc.wait(timeout=timeout)
+    finally:
+        proc.kill()  # a process past its timeout must not outlive the test
     seconds = time.perf_counter() - t0
     lines = progress.read_text().splitlines()
     losses = {int(s): loss for _, s, loss in (line.split() for line in lines if line.startswith("step "))}
@@ -101,6 +203,11 @@ def run_process(
     else:
         how = "finished"
     return Process(how, proc.returncode, losses, stderr.read_text(), seconds)
+
+
+def logged(progress: Path, step: int) -> bool:
+    """Whether the process writing ``progress`` has logged ``step``."""
+    return any(line.startswith(f"step {step} ") for line in progress.read_text().splitlines())
 
 
 def checkpoint_arrays(directory: Path, step: int) -> dict:
@@ -192,10 +299,44 @@ def reference_run(workdir: Path, train_args: tuple, steps: int, every: int) -> R
     return Reference(args, steps, process, checkpoint_arrays(workdir / "reference", steps))
 
 
-def kill_and_resume(workdir: Path, reference: Reference, kills: int, seed: int, packed: bool) -> Report:
+KILL_PLAN = (
+    # a round: the directory advances through kills at each stage of a write
+    {"kill_at": 1, "action": "KILL@start"},  # the first save's first call: nothing on disk yet
+    {"kill_at": 1, "action": "KILL@array-metadata"},  # tensorstore writing the arrays
+    {"kill_at": 2, "action": "KILL@finalize"},  # a second save's rename of its step, after a good one
+    {"kill_after": 0.0, "after_step": 3},  # from outside, once step 3 ran: as its save begins
+    {"kill_at": 1, "action": "KILL@record"},  # orbax finished the step, jaxckpt.json does not list it
+    {"kill_at": 2, "action": "KILL@metadata"},  # after a save that replaced that unrecorded step
+    {"kill_at": 1, "action": "KILL@step-deleted+4"},  # half-way through deleting the 4th newest step
+    None,  # resumed to the end: the round is checked
+    # a second round: start-up, the item's own rename, and just after a save completed
+    {"kill_after": 0.0},  # from outside at once: before anything is written
+    {"kill_at": 1, "action": "KILL@item-rename"},
+    {"kill_at": 2, "action": "KILL@saved"},
+    None,
+)
+"""The test's 10 SIGKILLs, in order (``run_process`` arguments; None: a process left to finish).
+Chosen, not drawn: each stage of a checkpoint write (``fault_child.STAGES``) and the moments
+between them are hit every time, in first and in later saves, with few processes."""
+
+
+def random_kills(rng: random.Random, reference: Reference):
+    """Endless random kills: half at a random file-system call of a checkpoint write, half
+    from outside after a random delay."""
+    while True:
+        if rng.random() < 0.5:
+            yield {"kill_at": rng.randint(1, WRITE_KILL_CALLS)}
+        else:
+            yield {"kill_after": rng.uniform(0, reference.process.seconds)}
+
+
+def kill_and_resume(
+    workdir: Path, reference: Reference, kills: int, seed: int, packed: bool, plan: tuple | None = None
+) -> Report:
     """``kills`` SIGKILLs over as many rounds as they take, each round checked against
-    the uninterrupted run (see the module's docstring)."""
-    rng = random.Random(seed)
+    the uninterrupted run (see the module's docstring): random ones (``random_kills``), or
+    ``plan``'s in its order (``KILL_PLAN``)."""
+    planned = iter(plan if plan is not None else random_kills(random.Random(seed), reference))
     args = reference.args
     report = Report(processes=1)
     directory, done = None, True
@@ -203,13 +344,8 @@ def kill_and_resume(workdir: Path, reference: Reference, kills: int, seed: int, 
         if done:
             report.rounds += 1
             directory, done, logged = workdir / f"round-{report.rounds}", False, []
-        if report.kills < kills and rng.random() < 0.5:
-            proc = run_process(workdir, args, directory, kill_at=rng.randint(1, WRITE_KILL_CALLS))
-        elif report.kills < kills:
-            delay = rng.uniform(0, reference.process.seconds)
-            proc = run_process(workdir, args, directory, kill_after=delay)
-        else:
-            proc = run_process(workdir, args, directory)
+        kill = next(planned, None) if report.kills < kills else None
+        proc = run_process(workdir, args, directory, **(kill or {}))
         report.processes += 1
         logged.append(proc)
         if proc.killed:

@@ -32,7 +32,9 @@ def packed(tmp_path_factory):
 @pytest.mark.slow
 def test_ten_sigkills_resume_bit_identically(packed):
     workdir, reference = packed
-    report = harness.kill_and_resume(workdir, reference, kills=10, seed=0, packed=True)
+    report = harness.kill_and_resume(
+        workdir, reference, kills=10, seed=0, packed=True, plan=harness.KILL_PLAN
+    )
     assert report.kills == 10 and report.kills_in_writes >= 1, report
     assert report.ok, report.to_dict()
     assert report.rounds_identical >= 1 and report.losses_checked >= STEPS
@@ -46,7 +48,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(packed, moment, tmp_p
         proc = harness.run_process(workdir, reference.args, directory, kill_at=5, action="TERM")
     else:
         proc = harness.run_process(
-            workdir, reference.args, directory, action="TERM", kill_after=0.0, after_first_step=True
+            workdir, reference.args, directory, action="TERM", kill_after=0.0, after_step=0
         )
     assert proc.returncode == 0, proc.stderr
     done = max(proc.losses) + 1
