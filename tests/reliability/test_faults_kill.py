@@ -1,9 +1,11 @@
 """Kill ``jaxckpt train`` at any moment, lose nothing (``tests/_support/fault_harness.py``).
 
-SIGKILL at random moments, some inside checkpoint writes: every resume succeeds, the
-latest step is always complete, the losses and the final arrays are bit-identical to
-an uninterrupted run's, and no temporary file is left. SIGTERM (a preempted job): the
-step under way finishes, a checkpoint is written and the process exits 0.
+SIGKILL at each stage of a checkpoint write and between writes (``harness.KILL_PLAN``: a
+fixed plan, so every run covers them all): every resume succeeds, the latest step is always
+complete, the losses and the final arrays are bit-identical to an uninterrupted run's, and
+no temporary file is left. SIGTERM (a preempted job): the step under way finishes, a
+checkpoint is written and the process exits 0. Every process is forked warm by the
+harness's fork server (no import of JAX per process).
 """
 
 import json
