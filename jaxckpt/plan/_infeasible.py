@@ -6,6 +6,8 @@ would fit (micro-batches, a shorter sequence, another optimizer, LoRA, QLoRA, mo
 devices) with its predicted peak under full remat. ``plan_memory`` raises it.
 """
 
+import dataclasses
+
 from jaxckpt._sizes import format_bytes
 from jaxckpt.plan._state import state_bytes, trainable_bytes
 from jaxckpt.plan._workload import Workload
@@ -93,7 +95,16 @@ def infeasible_message(
     )
     offer("seq", [(f"seq={t}", workload.replace(seq=t)) for t in (seq // 2, seq // 4, seq // 8) if t >= 1])
     others = [opt for opt in ("adafactor", "sgd") if opt != workload.optimizer.name]
-    offer("optimizer", [(f"optimizer={opt}", workload.replace(optimizer=opt)) for opt in others])
+    offer(
+        "optimizer",
+        [
+            (
+                f"optimizer={opt}",
+                workload.replace(optimizer=dataclasses.replace(workload.optimizer, name=opt)),
+            )
+            for opt in others
+        ],
+    )
     config = workload.config
     if config.lora is None:
         lora = _lora_workload(workload)

@@ -52,8 +52,8 @@ def get(spec: "str | RematSpec") -> RematSpec:
         if spec == AUTO:
             raise ValueError(
                 "remat='auto' is chosen by the planner for a batch, a sequence length and a budget: "
-                "resolve it with jaxckpt.plan.resolve_auto(config, batch=..., seq=...) before training "
-                "(it uses config.budget), or call jaxckpt.plan.plan_memory"
+                "resolve it with jaxckpt.plan.resolve_auto(model_config, run) before training "
+                "(it uses run.budget), or call jaxckpt.plan.plan_memory"
             )
         if spec not in PRESETS:
             raise ValueError(f"unknown remat preset {spec!r}; valid presets: {', '.join(PRESETS)}, or 'auto'")

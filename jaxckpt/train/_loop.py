@@ -32,7 +32,7 @@ def _prepare_checkpoint_dir(directory: Path | None, resume: bool, force: bool) -
     if not force:
         raise FileExistsError(
             f"{str(directory)!r} already holds checkpoints (latest step {latest}); "
-            "pass resume=True to continue from it or force=True to replace it"
+            "pass checkpoint.resume=True to continue from it or checkpoint.force=True to replace it"
         )
     if is_primary():
         shutil.rmtree(directory)

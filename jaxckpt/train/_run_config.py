@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt._sizes import parse_size
-from jaxckpt.remat import AUTO, RematSpec
+from jaxckpt.remat import AUTO, RematSpec, Tag
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._nonfinite import check_on_nonfinite
 from jaxckpt.train._optimizers import OptimizerConfig
@@ -158,6 +158,24 @@ class CheckpointConfig:
         return cls(**_known_fields(cls, fields, "RunConfig.checkpoint"))
 
 
+def _spec_to_dict(spec: RematSpec) -> dict:
+    """A ``RematSpec`` as plain values: its tags by name (``_spec_from_dict`` reads it back)."""
+    out = dataclasses.asdict(spec)
+    for name in ("save", "offload"):
+        out[name] = sorted(tag.value for tag in getattr(spec, name))
+    return out
+
+
+def _spec_from_dict(fields: Mapping) -> RematSpec:
+    """The ``RematSpec`` that ``_spec_to_dict`` wrote; a ValueError names a bad field or tag."""
+    fields = _known_fields(RematSpec, fields, "RunConfig.remat")
+    try:
+        tags = {name: frozenset(Tag(v) for v in fields.get(name, ())) for name in ("save", "offload")}
+    except ValueError as err:
+        raise ValueError(f"RunConfig.remat: {err}; valid tags: {[t.value for t in Tag]}") from err
+    return RematSpec(**{**fields, **tags})
+
+
 _PARTS = {"data": DataConfig, "checkpoint": CheckpointConfig, "optimizer": OptimizerConfig}
 """The nested parts of a ``RunConfig``: given as the object or as its dict."""
 
@@ -261,13 +279,14 @@ class RunConfig:
     def to_dict(self) -> dict:
         """The fields as plain values, nested parts as dicts (``from_dict`` reads them back).
 
-        A ``RematSpec`` is written as its repr and a ``jax.sharding.Mesh`` as its axis sizes.
+        A ``RematSpec`` is written as a dict (its tags by name) and a ``jax.sharding.Mesh`` as
+        its axis sizes.
         """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in _PARTS:
             out[name] = out[name].to_dict()
         if isinstance(self.remat, RematSpec):
-            out["remat"] = repr(self.remat)
+            out["remat"] = _spec_to_dict(self.remat)
         if self.mesh is not None and not isinstance(self.mesh, str | Mapping):
             out["mesh"] = dict(self.mesh.shape)
         out["init_from"] = _text(self.init_from)
@@ -280,4 +299,10 @@ class RunConfig:
         Raises:
             ValueError: naming any field that ``RunConfig`` (or its part) does not have.
         """
-        return cls(**_known_fields(cls, fields, "RunConfig"))
+        fields = _known_fields(cls, fields, "RunConfig")
+        if isinstance(fields.get("optimizer"), Mapping):
+            optimizer = _known_fields(OptimizerConfig, fields["optimizer"], "RunConfig.optimizer")
+            fields["optimizer"] = OptimizerConfig(**optimizer)
+        if isinstance(fields.get("remat"), Mapping):
+            fields["remat"] = _spec_from_dict(fields["remat"])
+        return cls(**fields)
