@@ -83,6 +83,6 @@ __all__ = [
     "to_jax",
     "to_torch",
     "write_hf",
-    "write_safetensors",
     "write_peft_adapter",
+    "write_safetensors",
 ]
