@@ -42,15 +42,14 @@ def main(coordinator: str, num_processes: int, process_id: int, checkpoint_dir: 
     cfg = nn.TransformerConfig.preset("tiny", n_layers=LAYERS)
     drawn = io.StringIO()  # the progress bar (only process 0 draws one)
     with contextlib.redirect_stdout(drawn):
-        resumed = train.train(
-            cfg,
+        run = train.RunConfig(
             steps=STEPS + 1,
             batch=BATCH,
             seq=SEQ,
             mesh="fsdp=4",
-            checkpoint_dir=checkpoint_dir,
-            resume=True,
+            checkpoint=train.CheckpointConfig(dir=checkpoint_dir, resume=True),
         )
+        resumed = train.train(cfg, run)
     state = resumed.trainer.state
     kernel = state[0]["blocks"]["mlp"]["up"]["kernel"].get_value()
     return {

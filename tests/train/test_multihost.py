@@ -22,7 +22,7 @@ DEADLINE_S = 240  # a hang (a process that never joins) fails the test instead o
 def reference_losses() -> list[float]:
     """The same model, data and seed on one device in this process (steps 0..STEPS)."""
     cfg = nn.TransformerConfig.preset("tiny", n_layers=LAYERS)
-    run = train.train(cfg, steps=STEPS + 1, batch=BATCH, seq=SEQ, progress=False)
+    run = train.train(cfg, train.RunConfig(steps=STEPS + 1, batch=BATCH, seq=SEQ, progress=False))
     return [s["loss"] for s in run.steps]
 
 
