@@ -26,7 +26,8 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2
+# --durations: every run prints its slowest tests, so the 15-minute rule is watched where it is kept.
+PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --durations=25
 
 test: lint docs-build
 	$(PYTEST) --doctest-modules tests jaxckpt torch_bridge npu_backend
