@@ -18,6 +18,7 @@ from jaxckpt.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 # >>> readers and packing (helper A2) >>>
 # isort: split
 from jaxckpt.data._batches import DEFAULT_SHUFFLE_BUFFER, PackedBatches
+from jaxckpt.data._holdout import check_fraction
 from jaxckpt.data._packing import PackedBatch, pack_documents, split_document
 from jaxckpt.data._readers import SUPPORTED_SUFFIXES, read_records
 
@@ -39,6 +40,7 @@ __all__ = [
     "PackedBatch",
     "PackedBatches",
     "Tokenizer",
+    "check_fraction",
     "copy_tokenizer_files",
     "encode_record",
     "load_tokenizer",

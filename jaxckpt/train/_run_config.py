@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt._sizes import parse_size
+from jaxckpt.data import DEFAULT_SHUFFLE_BUFFER, check_fraction
 from jaxckpt.remat import AUTO, RematSpec, Tag
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._nonfinite import check_on_nonfinite
@@ -79,13 +80,12 @@ class DataConfig:
     eval_path: PathLike = None
     eval_split: "float | None" = None
     eval_every: "int | None" = None
-    shuffle_buffer: int = 4096
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
 
     def __post_init__(self):
         if self.eval_path is not None and self.eval_split is not None:
             raise ValueError("data.eval_path= and data.eval_split= are two ways to hold data out: give one")
-        if self.eval_split is not None and not 0 < self.eval_split < 1:
-            raise ValueError(f"data.eval_split={self.eval_split!r} must be a fraction in (0, 1)")
+        check_fraction("RunConfig", "data.eval_split", self.eval_split)
         if self.eval_every is not None:
             require_positive_int("data.eval_every", self.eval_every)
             if not self.holds_out:
@@ -249,7 +249,7 @@ class RunConfig:
         for name, cls in _PARTS.items():
             value = getattr(self, name)
             if isinstance(value, Mapping):
-                object.__setattr__(self, name, cls.from_dict(value))
+                object.__setattr__(self, name, cls(**_known_fields(cls, value, f"RunConfig.{name}")))
             elif not isinstance(value, cls):
                 raise TypeError(
                     f"RunConfig: {name} must be a {cls.__name__} or its dict, got {type(value).__name__}"
@@ -300,9 +300,6 @@ class RunConfig:
             ValueError: naming any field that ``RunConfig`` (or its part) does not have.
         """
         fields = _known_fields(cls, fields, "RunConfig")
-        if isinstance(fields.get("optimizer"), Mapping):
-            optimizer = _known_fields(OptimizerConfig, fields["optimizer"], "RunConfig.optimizer")
-            fields["optimizer"] = OptimizerConfig(**optimizer)
         if isinstance(fields.get("remat"), Mapping):
             fields["remat"] = _spec_from_dict(fields["remat"])
         return cls(**fields)

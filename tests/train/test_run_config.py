@@ -118,7 +118,7 @@ def test_from_dict_takes_a_mapping():
             dict(data={"eval_path": "held.txt", "eval_split": 0.1}),
             "data.eval_path= and data.eval_split= are two ways to hold data out: give one",
         ),
-        (dict(data={"eval_split": 1.5}), "data.eval_split=1.5 must be a fraction in (0, 1)"),
+        (dict(data={"eval_split": 1.5}), "data.eval_split=1.5 must lie strictly between 0 and 1"),
         (dict(data={"eval_split": 0.1, "eval_every": 0}), "data.eval_every=0 must be a positive int"),
         (dict(data={"shuffle_buffer": 0}), "data.shuffle_buffer=0 must be a positive int"),
         (dict(remat="auto"), "remat='auto' needs budget= (bytes, or e.g. '30GiB')"),
