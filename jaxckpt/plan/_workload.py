@@ -144,9 +144,15 @@ class Workload:
         """
         if not isinstance(run, train.RunConfig):
             raise TypeError(f"Workload.from_run: run must be a train.RunConfig, got {type(run).__name__}")
-        optimizer = train.optimizer_for(run.optimizer, run.on_nonfinite)
-        fields = {"micro_batches": run.micro_batches, "optimizer": optimizer, "attention": run.attention}
-        return cls.on_mesh(model_config, run.batch, run.seq, run.mesh, **fields)
+        return cls.on_mesh(
+            model_config,
+            run.batch,
+            run.seq,
+            run.mesh,
+            micro_batches=run.micro_batches,
+            optimizer=run.step_optimizer,
+            attention=run.attention,
+        )
 
     @classmethod
     def on_mesh(cls, config: TransformerConfig, batch: int, seq: int, mesh, **fields) -> "Workload":

@@ -28,7 +28,7 @@ from jaxckpt.train._loop import train
 from jaxckpt.train._loss_scale import LossScaler, all_finite, keep_if_finite, keep_state_if_finite
 from jaxckpt.train._master import has_master_weights
 from jaxckpt.train._memory import MemoryReport, memory_report
-from jaxckpt.train._nonfinite import ON_NONFINITE, NonFiniteError, optimizer_for
+from jaxckpt.train._nonfinite import ON_NONFINITE, NonFiniteError
 from jaxckpt.train._offload import offload_saves_memory, offload_shardings, stream_to_host
 from jaxckpt.train._optimizers import MOMENTS_DTYPES, OPTIMIZERS, OptimizerConfig, TrainOptimizer
 from jaxckpt.train._orbax_quiet import LOG_NAME as CHECKPOINT_LOG
@@ -98,7 +98,6 @@ __all__ = [
     "next_token_loss",
     "offload_saves_memory",
     "offload_shardings",
-    "optimizer_for",
     "parse_mesh",
     "read_meta",
     "resolve_mesh",

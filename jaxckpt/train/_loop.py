@@ -13,7 +13,6 @@ from jaxckpt.train._distributed import is_primary, resolve_mesh
 from jaxckpt.train._eval import Evaluator
 from jaxckpt.train._init import check_init_from, initial_model, source_hf_fields
 from jaxckpt.train._memory import memory_report
-from jaxckpt.train._nonfinite import optimizer_for
 from jaxckpt.train._run import TrainRun
 from jaxckpt.train._run_config import RunConfig
 from jaxckpt.train._run_data import run_data
@@ -158,7 +157,7 @@ def train(model_config: TransformerConfig, run: RunConfig, *, plan=None) -> Trai
     _check_vocab(tok, config)
     sizes = {"batch": run.batch, "seq": run.seq, "micro_batches": run.micro_batches}
     feed = run_data(options, tok, **sizes, seed=run.seed)
-    optimizer = optimizer_for(run.optimizer, run.on_nonfinite)
+    optimizer = run.step_optimizer
     model = initial_model(config, run.seed, run.init_from, optimizer, attention=run.attention)
     trainer = Trainer(model, optimizer=optimizer, mesh=mesh, seed=run.seed, remat=run.remat)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.

@@ -21,7 +21,7 @@ from jaxckpt._sizes import parse_size
 from jaxckpt.data import DEFAULT_SHUFFLE_BUFFER, check_fraction
 from jaxckpt.remat import AUTO, RematSpec, Tag
 from jaxckpt.remat import get as get_remat
-from jaxckpt.train._nonfinite import check_on_nonfinite
+from jaxckpt.train._nonfinite import check_on_nonfinite, optimizer_for
 from jaxckpt.train._optimizers import OptimizerConfig
 
 PathLike = "str | os.PathLike | None"
@@ -267,6 +267,13 @@ class RunConfig:
     def remat_spec(self) -> RematSpec:
         """``remat`` as a ``RematSpec`` (after the planner has resolved ``"auto"``)."""
         return get_remat(self.remat)
+
+    @property
+    def step_optimizer(self) -> OptimizerConfig:
+        """The optimizer the train step runs: ``optimizer``, with the in-step skip of
+        non-finite steps under ``on_nonfinite="skip"`` (whose select costs memory). ``train``
+        trains it and ``plan.Workload.from_run`` plans it."""
+        return optimizer_for(self.optimizer, self.on_nonfinite)
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with ``changes`` applied (and checked). Nested parts take dicts of changes:
