@@ -35,5 +35,6 @@ def test_eight_cpu_devices_for_the_sharded_tests():
     assert len(jax.devices()) == 8
 
 
-def test_tests_compile_at_backend_optimisation_level_0():
+def test_tests_compile_with_the_cheap_xla_cpu_options():
     assert "--xla_backend_optimization_level=0" in os.environ["XLA_FLAGS"]
+    assert "--xla_cpu_use_fusion_emitters=false" in os.environ["XLA_FLAGS"]
