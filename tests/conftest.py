@@ -141,3 +141,9 @@ def pytest_collection_modifyitems(config, items):
                 reasons[marker] = probe()
             if reasons[marker] is not None:
                 item.add_marker(pytest.mark.skip(reason=reasons[marker]))
+    # xdist hands tests out in this order. The files with `slow` tests go first, so that the
+    # longest tests start early and the run ends on many short tests shared by both workers, not
+    # on one long test while the other worker idles. A file's tests stay in their order and
+    # together (the sort is stable), so its module fixtures are still built once per worker.
+    files_with_slow_tests = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in files_with_slow_tests)
