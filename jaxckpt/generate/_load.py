@@ -45,8 +45,8 @@ def load_model(path: "str | os.PathLike", *, dtype: str | None = None, name: str
         >>> import tempfile
         >>> from jaxckpt import nn, train
         >>> d = tempfile.mkdtemp()
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24)
-        >>> run = train.RunConfig(steps=1, batch=1, seq=8, checkpoint={"dir": d}, progress=False)
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
+        >>> run = train.RunConfig(steps=1, batch=2, seq=16, checkpoint={"dir": d}, progress=False)
         >>> _ = train.train(cfg, run)
         >>> load_model(d, dtype="bfloat16").config.dtype
         'bfloat16'

@@ -117,8 +117,8 @@ def evaluate(
         >>> from pathlib import Path
         >>> from jaxckpt import nn, train
         >>> d = tempfile.mkdtemp()
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
-        >>> run = train.RunConfig(steps=1, batch=2, seq=8, checkpoint={"dir": d}, progress=False)
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
+        >>> run = train.RunConfig(steps=1, batch=2, seq=16, checkpoint={"dir": d}, progress=False)
         >>> _ = train.train(cfg, run)
         >>> text = Path(d) / "held_out.txt"
         >>> _ = text.write_text("To be, or not to be: that is the question.")

@@ -50,9 +50,9 @@ def source_config(path: "str | os.PathLike", *, name: str = "path") -> Transform
     Example:
         >>> import tempfile
         >>> from jaxckpt import nn, train
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=32, n_heads=2, ffn_dim=48)
         >>> d = tempfile.mkdtemp()
-        >>> run = train.RunConfig(steps=1, batch=2, seq=8, checkpoint={"dir": d}, progress=False)
+        >>> run = train.RunConfig(steps=1, batch=2, seq=16, checkpoint={"dir": d}, progress=False)
         >>> _ = train.train(cfg, run)
         >>> train.source_config(d) == cfg
         True
