@@ -171,7 +171,10 @@ def main(argv: list[str]) -> int:
     return cli(["train", *train_args])
 
 
-WARM_MODULES = ("jax", "jaxckpt", "jaxckpt.cli", "jaxckpt.train", "orbax.checkpoint")
+WARM_MODULES = (
+    *("jax", "jaxckpt", "jaxckpt.cli", "jaxckpt.train", "orbax.checkpoint"),
+    *("torch_bridge", "npu_backend", "jaxlib.mlir.dialects.mhlo"),  # imported lazily by each run
+)
 """What the fork server imports before its first fork (none of it starts a backend)."""
 
 
@@ -231,8 +234,8 @@ def run_forked(request: dict) -> None:
             code = importlib.import_module(request["module"]).main(request["argv"])
         except SystemExit as stop:
             code = stop.code
-        except BaseException:  # as Python's own exit on an uncaught exception
-            traceback.print_exc()
+        except BaseException:  # as Python's own exit on an uncaught exception: sys.excepthook
+            sys.excepthook(*sys.exc_info())  # (train.initialize's exits at once on a lost peer)
             code = 1
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)

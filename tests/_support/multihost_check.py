@@ -1,9 +1,11 @@
 """One process of a multi-process CPU run; ``tests/train/test_multihost.py`` starts two.
 
 Usage: ``python multihost_check.py HOST:PORT NUM_PROCESSES PROCESS_ID CHECKPOINT_DIR OUT_JSON``,
-with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (two devices per process).
+with ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (two devices per process); the test
+has ``fault_harness``'s fork server run ``main`` warm instead.
 
-It trains the CLI's tiny model with 2 layers (batch 8, seq 16):
+It trains the CLI's tiny model with 1 layer (batch 8, seq 16: the train step
+``multihost_die.py``'s processes compile, so that XLA's persistent cache serves both):
 
 1. through the real command line, ``jaxckpt train --coordinator ... --json`` with the
    default mesh (data over the processes, fsdp over each one's devices): 3 steps,
@@ -20,11 +22,11 @@ import io
 import json
 import sys
 
-STEPS, BATCH, SEQ, LAYERS = 3, 8, 16, 2
+STEPS, BATCH, SEQ, LAYERS = 3, 8, 16, 1
 """The CLI runs steps 0..STEPS-1; the resumed run adds step STEPS."""
 
 
-def main(coordinator: str, num_processes: int, process_id: int, checkpoint_dir: str) -> dict:
+def check(coordinator: str, num_processes: int, process_id: int, checkpoint_dir: str) -> dict:
     import jax
 
     from jaxckpt import nn, train
@@ -70,8 +72,14 @@ def main(coordinator: str, num_processes: int, process_id: int, checkpoint_dir: 
     }
 
 
-if __name__ == "__main__":
-    coordinator, num_processes, process_id, checkpoint_dir, out = sys.argv[1:]
-    report = main(coordinator, int(num_processes), int(process_id), checkpoint_dir)
+def main(argv: list[str]) -> int:
+    """``check`` with the command line's arguments; writes its report to OUT_JSON."""
+    coordinator, num_processes, process_id, checkpoint_dir, out = argv
+    report = check(coordinator, int(num_processes), int(process_id), checkpoint_dir)
     with open(out, "w") as f:
         json.dump(report, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -29,13 +29,13 @@ import sys
 import time
 from pathlib import Path
 
+import fault_harness as harness
 import pytest
-from ports import free_port
+from ports import free_port, two_cpu_devices_env
 
 from jaxckpt.train import _distributed
 from jaxckpt.train._distributed import LOST_PEER_EXIT
 
-SCRIPT = Path(__file__).parents[1] / "_support" / "multihost_die.py"
 HEARTBEAT_S = 10
 START_DEADLINE_S = 300  # both processes start, compile and finish a step (a loaded CI machine)
 EXIT_BOUND_S = HEARTBEAT_S + 50  # measured: 0.4 s (process 0 killed), 8-10 s (the heartbeat cases)
@@ -46,27 +46,24 @@ ABORT_LINE = (
 OUR_LINE = "lost contact with another process of the run"
 
 
-def start(tmp: Path) -> list[subprocess.Popen]:
-    """Two ``jaxckpt train`` processes of one run, long enough never to finish by themselves."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=2".strip(),
-        "JAX_PLATFORMS": "cpu",
-    }
+def start(tmp: Path) -> list:
+    """Two ``jaxckpt train`` processes of one run, long enough never to finish by themselves,
+    forked warm by the fault harness's fork server (no import per process); the train step is
+    ``multihost_check.py``'s, so that XLA's persistent cache serves both tests."""
     coordinator = f"127.0.0.1:{free_port()}"
     procs = []
     for i in range(2):
-        argv = [sys.executable, str(SCRIPT), str(tmp / f"progress{i}"), "--"]
+        argv = [tmp / f"progress{i}", "--"]
         argv += ["--coordinator", coordinator, "--num-processes", "2", "--process-id", str(i)]
         argv += ["--heartbeat-timeout", str(HEARTBEAT_S)]
         argv += ["--layers", "1", "--batch", "8", "--seq", "16", "--steps", "1000000", "--json"]
-        with open(tmp / f"out{i}.txt", "w") as out, open(tmp / f"err{i}.txt", "w") as err:
-            procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=err))
+        out, err = tmp / f"out{i}.txt", tmp / f"err{i}.txt"
+        err.touch()  # a process that dies at once never opens it
+        procs.append(harness.fork_server().start("multihost_die", argv, out, err, env=two_cpu_devices_env()))
     return procs
 
 
-def wait_for_a_step(tmp: Path, procs: list[subprocess.Popen]) -> None:
+def wait_for_a_step(tmp: Path, procs: list) -> None:
     """Until each process has finished at least one training step."""
     end = time.monotonic() + START_DEADLINE_S
     while not all((tmp / f"progress{i}").exists() for i in range(2)):

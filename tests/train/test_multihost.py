@@ -1,20 +1,19 @@
 """Multi-host training: two processes on 127.0.0.1 with two CPU devices each (gloo
-collectives), against a single-process, single-device run; and the argument checks."""
+collectives), against a single-process, single-device run; and the argument checks.
+
+The two processes (``tests/_support/multihost_check.py``) are forked warm by the fault
+harness's fork server, like every process of ``tests/reliability``'s multi-process tests."""
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
+import fault_harness as harness
 import pytest
 from multihost_check import BATCH, LAYERS, SEQ, STEPS
-from ports import free_port
+from ports import free_port, two_cpu_devices_env
 
 from jaxckpt import nn, train
 
-SCRIPT = Path(__file__).parents[1] / "_support" / "multihost_check.py"
 PROCESSES = 2
 DEADLINE_S = 240  # a hang (a process that never joins) fails the test instead of blocking CI
 
@@ -29,22 +28,15 @@ def reference_losses() -> list[float]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("multihost")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     coordinator = f"127.0.0.1:{free_port()}"
     procs = []
     try:
-        for i in range(PROCESSES):
-            args = [
-                coordinator,
-                str(PROCESSES),
-                str(i),
-                str(tmp / "checkpoints"),
-                str(tmp / f"report{i}.json"),
-            ]
-            with open(tmp / f"log{i}.txt", "w") as log:
-                procs.append(
-                    subprocess.Popen([sys.executable, str(SCRIPT), *args], env=env, stdout=log, stderr=log)
-                )
+        for i in range(PROCESSES):  # forked warm (JAX imported, no backend): no import per process
+            args = [coordinator, PROCESSES, i, tmp / "checkpoints", tmp / f"report{i}.json"]
+            log = tmp / f"log{i}.txt"
+            procs.append(
+                harness.fork_server().start("multihost_check", args, log, log, env=two_cpu_devices_env())
+            )
         reference = reference_losses()  # while the two processes start
         end = time.monotonic() + DEADLINE_S
         for p in procs:
