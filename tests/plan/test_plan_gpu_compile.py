@@ -13,11 +13,25 @@ from jaxckpt import attention, nn, plan, remat
 from jaxckpt.cli import main
 from jaxckpt.plan._compile import compile_report
 
-TINY = nn.TransformerConfig.preset("tiny", n_layers=1, dtype="bfloat16", param_dtype="bfloat16")
+TINY = nn.TransformerConfig.preset("tiny", dtype="bfloat16", param_dtype="bfloat16")
+PLAN_TINY = ["plan", "--model", "tiny", "--batch", "2", "--seq", "32", "--dtype", "bfloat16",
+             "--param-dtype", "bfloat16", "--json"]  # fmt: skip
+"""``tiny()`` as ``jaxckpt plan`` flags. The step every test here compiles is the one the planner
+compiles first (no remat): ``compile_report`` and ``compile_step`` are cached per process, and a
+deviceless XLA:GPU compile (seconds) is never written to the persistent cache, so the tests and
+the CLI share them (``compiled`` keys ``compile_step`` as ``plan.measure`` does)."""
 
 
 def tiny(**kw) -> plan.Workload:
-    return plan.Workload(TINY, batch=kw.pop("batch", 2), seq=kw.pop("seq", 24), **kw)
+    return plan.Workload(TINY, batch=kw.pop("batch", 2), seq=kw.pop("seq", 32), **kw)
+
+
+def compiled(workload: plan.Workload, target: str, gemm: str = "default") -> jax.stages.Compiled:
+    """``plan.compile_step`` without remat (the spec the planner tries first) for a GPU target,
+    called as ``compile_report`` calls it, so that ``plan.measure``'s compile is this one."""
+    return plan.compile_step(
+        workload, remat.get("none"), target=plan.gpu_target(target), gemm=gemm, autotune_results=None
+    )
 
 
 def test_every_target_is_shipped_with_its_source_and_a_device_preset():
@@ -54,26 +68,26 @@ def test_compiling_for_restores_the_platform():
 def test_compile_step_on_each_target(name):
     devices = plan.target_devices(name)
     assert devices[0].device_kind == plan.TARGETS[name].description
-    compiled = plan.compile_step(tiny(), "full", target=name)
-    analysis = compiled.memory_analysis()
+    step = compiled(tiny(), name)
+    analysis = step.memory_analysis()
     assert analysis.temp_size_in_bytes > 0 and analysis.alias_size_in_bytes > 0  # the state is donated
-    assert "__triton_nested_gemm_fusion" in compiled.as_text()  # XLA:GPU's matmuls
+    assert "__triton_nested_gemm_fusion" in step.as_text()  # XLA:GPU's matmuls
 
 
 @pytest.mark.gpu_compile
 def test_measure_brackets_the_gemm_emitters_and_says_where_it_came_from():
-    report = plan.measure(tiny(), "full", target="h100-80g")  # compiles "default" and "cublas"
+    report = plan.measure(tiny(), "none", target="h100-80g")  # compiles "default" and "cublas"
     assert report.measured_on == "xla-gpu:h100-80g"
     low, high = report.peak_range
     assert low <= high == report.peak
-    cublas = plan.compile_step(tiny(), "full", target="h100-80g", gemm="cublas").as_text()  # cached
+    cublas = compiled(tiny(), "h100-80g", gemm="cublas").as_text()  # measure's compile
     assert "__cublas$" in cublas and "__triton_nested_gemm_fusion" not in cublas
-    assert plan.measure(tiny(), "full").measured_on == "xla-cpu"
+    assert plan.measure(tiny(), "none").measured_on == "xla-cpu"
 
 
 @pytest.mark.gpu_compile
 def test_fsdp_compiles_over_a_gpu_topology():
-    one, two = (plan.compile_step(tiny(devices=d), "full", target="h100-80g") for d in (1, 2))
+    one, two = (compiled(tiny(devices=d), "h100-80g") for d in (1, 2))
     one, two = one.memory_analysis(), two.memory_analysis()
     assert two.argument_size_in_bytes < 0.75 * one.argument_size_in_bytes  # each holds its shard
 
@@ -88,7 +102,7 @@ def test_offloaded_activations_leave_the_gpu_and_are_reported_in_host_memory():
 
 
 def _plan_json(capsys, *flags) -> dict:
-    status = main(["plan", "--model", "tiny", "--batch", "2", "--seq", "32", "--json", *flags])
+    status = main([*PLAN_TINY, *flags])
     assert status == 0
     return json.loads(capsys.readouterr().out)
 
@@ -100,7 +114,7 @@ def test_plan_cli_names_the_compiler_of_every_figure(capsys):
     assert {a["measured_on"] for a in gpu["attempts"]} == {"xla-gpu:h100-80g"}
     assert gpu["caveat"] == plan.AUTOTUNE_CAVEAT and gpu["offload_rows"] == "shown"
     assert _plan_json(capsys, "--device", "ascend-910")["measured_on"] == "xla-cpu"
-    checked = _plan_json(capsys, "--device", "a100-40g", "--remat", "full")
+    checked = _plan_json(capsys, "--device", "a100-40g", "--remat", "none")
     assert checked["measured_on"] == "xla-gpu:a100-40g"
     budget = gpu["chosen"]["measured_bytes"] - 1  # --budget with --device: that GPU, a smaller budget
     tight = _plan_json(capsys, "--device", "h100-80g", "--budget", str(budget))
