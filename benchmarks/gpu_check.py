@@ -73,6 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
@@ -418,10 +419,18 @@ PARTS = {
 
 def run_child(args) -> int:
     """One part: waits for its deadline on stdin (the orchestrator's ``go``: the GPU is free), runs."""
+    if args.part == "serve":
+        return serve_smoke_jobs()
     line = sys.stdin.readline()
     if not line.strip():
         return 1  # the orchestrator skipped this job
     args.deadline = float(line)
+    _run_part(args)
+    return 0
+
+
+def _run_part(args) -> None:
+    """Runs ``args.part``, its items appended to ``args.jsonl`` as they finish."""
     jax.config.update("jax_enable_compilation_cache", False)
     with open(args.jsonl, "a") as f:
 
@@ -430,6 +439,24 @@ def run_child(args) -> int:
             f.flush()
 
         PARTS[args.part](MODES["smoke" if args.smoke else "full"], args, emit)
+
+
+def serve_smoke_jobs() -> int:
+    """``--smoke``'s one child for every GPU job (``SmokeJobs``): a line ``DEADLINE<TAB>ARGV``
+    (JSON) on stdin per job, run here in turn; its exit status goes to ``<jsonl>.done``."""
+    for line in sys.stdin:
+        deadline, argv = line.split("\t", 1)
+        job = _parse(json.loads(argv))
+        job.deadline, rc = float(deadline), 0
+        try:
+            _run_part(job)
+        except Exception:  # the job's failure, as a child's exit status and log
+            traceback.print_exc()
+            rc = 1
+        sys.stdout.flush()
+        done = Path(f"{job.jsonl}.done")
+        done.with_suffix(".tmp").write_text(str(rc))
+        done.with_suffix(".tmp").replace(done)  # whole: the orchestrator reads it once it exists
     return 0
 
 
@@ -501,6 +528,76 @@ class Jobs:
     def kill_all(self) -> None:
         for name in list(self.live):
             self.skip(name, "interrupted")
+
+
+class SmokeJobs(Jobs):
+    """``--smoke``: the same jobs, but one child (``--part serve``) runs every GPU job in turn, and
+    the predictor its own beside it, as in the full run. A fresh process per job is what the GPU
+    needs (each configuration's allocator peak; see the docstring); the CPU has no allocator
+    statistics, and the smoke proves the parts and the orchestration, not the peaks: two
+    children's imports and backends instead of seven."""
+
+    SERVER = "gpu-jobs"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.argv: dict[str, list[str]] = {}
+
+    def spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
+        if argv[1] == "predict":
+            return super().spawn(name, argv, env)
+        self._server()
+        self.argv[name] = [*argv, "--jsonl", str(self.tmp / f"{name}.jsonl"), "--smoke"]
+
+    def _server(self) -> subprocess.Popen:
+        """The child that runs the GPU jobs (a fresh one after one died or overran)."""
+        if self.SERVER not in self.live:
+            super().spawn(self.SERVER, ["--part", "serve"])
+        return self.live[self.SERVER][0]
+
+    def go(self, name: str, part_deadline: float) -> None:
+        if name not in self.argv:
+            return super().go(name, part_deadline)
+        server = self._server()
+        server.stdin.write(f"{part_deadline}\t{json.dumps(self.argv[name])}\n".encode())
+        server.stdin.flush()
+
+    def finish(self, name: str, timeout: float, started: float) -> dict:
+        if name not in self.argv:
+            return super().finish(name, timeout, started)
+        self.argv.pop(name)
+        done, end = self.tmp / f"{name}.jsonl.done", time.time() + max(timeout, 0.1)
+        server = self.live[self.SERVER][0]
+        while not done.exists() and server.poll() is None and time.time() < end:
+            time.sleep(0.05)
+        if done.exists():
+            rc: int | str = int(done.read_text())
+        else:  # the child died or overran: the next job gets a fresh one
+            rc = server.poll() if server.poll() is not None else "killed at its deadline"
+            self.skip(self.SERVER, "ended")
+        jsonl = self.tmp / f"{name}.jsonl"
+        rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+        seconds = (done.stat().st_mtime if done.exists() else time.time()) - started
+        job = {"name": name, "rc": rc, "seconds": round(seconds, 2), "rows": rows}
+        if rc != 0:
+            job["log_tail"] = (self.tmp / f"{self.SERVER}.log").read_text(errors="replace")[-3000:]
+        return job
+
+    def skip(self, name: str, reason: str) -> dict:
+        self.argv.pop(name, None)
+        return super().skip(name, reason)
+
+    def kill_all(self) -> None:
+        if self.SERVER in self.live:  # its jobs are done: it ends at the end of its stdin
+            proc, log = self.live.pop(self.SERVER)
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        super().kill_all()
 
 
 def gpu_jobs(mode: dict) -> list[dict]:
@@ -720,7 +817,7 @@ def _parse(argv):
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_check.json"))
     parser.add_argument("--budget-s", type=float, default=450.0, help="global deadline, seconds from start")
     parser.add_argument("--dump-autotune", type=Path, help="write each train step's autotune results here")
-    parser.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)  # a child process
+    parser.add_argument("--part", choices=[*sorted(PARTS), "serve"], help=argparse.SUPPRESS)  # a child
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--remat", help=argparse.SUPPRESS)
     parser.add_argument("--jsonl", help=argparse.SUPPRESS)
@@ -761,7 +858,7 @@ def main(argv=None) -> int:
     if args.dump_autotune:
         args.dump_autotune.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = Jobs(
+        jobs = (SmokeJobs if args.smoke else Jobs)(
             Path(tmp), args.smoke, T0 + args.budget_s, args.dump_autotune and args.dump_autotune.resolve()
         )
 

@@ -3,11 +3,13 @@
 
 The check itself is meant for one H200 run with a hard time budget; the smoke run proves, before
 anyone spends GPU time on it, that every part (the bf16 attention contract, attention TFLOP/s,
-the train step in fresh processes with the deviceless predictions beside it) runs and writes
-its section of the JSON. That is all only this test checks, so the smoke runs each part on the
-fewest items that write every field: every contract case on blockwise and one on each other
-implementation, one sequence length, two train presets and each model once (tests/attention and
-tests/train check every case and preset).
+the train step with the deviceless predictions beside it) runs and writes its section of the
+JSON. That is all only this test checks, so the smoke runs each part on the fewest items that
+write every field: every contract case on blockwise and one on each other implementation, one
+sequence length, two train presets and each model once (tests/attention and tests/train check
+every case and preset), in the fewest processes: one child runs every GPU job in turn (on the GPU
+each is a fresh process, for its allocator peak, which the CPU does not report), and one the
+predictions.
 """
 
 import json
