@@ -42,25 +42,36 @@ def test_ten_sigkills_resume_bit_identically(packed):
     assert report.rounds_identical >= 1 and report.losses_checked >= STEPS
 
 
-@pytest.mark.parametrize("moment", ["after its first step", "inside a checkpoint write"])
-def test_sigterm_finishes_the_step_checkpoints_and_exits_0(packed, moment, tmp_path):
+def test_sigterm_finishes_the_step_checkpoints_and_exits_0(packed, tmp_path):
+    """SIGTERM inside a checkpoint write (the 5th file-system call of a fresh run's first save),
+    then after the first step of the process that resumes it: each time the step under way
+    finishes, a checkpoint of it is written and the process exits 0; the next one resumes there,
+    and the three processes reproduce the unkilled run bit for bit. (One directory for both
+    moments: the second is the first one's resume, one process fewer than two directories.)"""
     workdir, reference = packed
     directory = tmp_path / "run"
-    if moment == "inside a checkpoint write":  # the 5th file-system call of the first save
-        proc = harness.run_process(workdir, reference.args, directory, kill_at=5, action="TERM")
-    else:
-        proc = harness.run_process(
-            workdir, reference.args, directory, action="TERM", kill_after=0.0, after_step=0
-        )
+    inside = harness.run_process(workdir, reference.args, directory, kill_at=5, action="TERM")
+    done = _stopped_by_sigterm(inside, directory)
+    after = harness.run_process(
+        workdir, reference.args, directory, action="TERM", kill_after=0.0, after_step=done
+    )
+    assert min(after.losses) == done, after.stderr  # it resumed where the first one stopped
+    done = _stopped_by_sigterm(after, directory)
+    rest = harness.run_process(workdir, reference.args, directory)
+    assert rest.returncode == 0 and min(rest.losses) == done, rest.stderr
+    report = harness.Report()
+    assert harness.check_round(report, directory, [inside, after, rest], reference), report.to_dict()
+
+
+def _stopped_by_sigterm(proc: harness.Process, directory) -> int:
+    """Checks that ``proc`` finished its step after SIGTERM, checkpointed it and exited 0;
+    returns the number of steps done."""
     assert proc.returncode == 0, proc.stderr
     done = max(proc.losses) + 1
     assert done < STEPS, "the run ended before the signal"
     assert f"SIGTERM received: stopped after step {done}" in proc.stderr
     assert latest_step(directory) == done and done in read_meta(directory)["checkpoints"]
-    rest = harness.run_process(workdir, reference.args, directory)
-    assert rest.returncode == 0 and min(rest.losses) == done, rest.stderr
-    report = harness.Report()
-    assert harness.check_round(report, directory, [proc, rest], reference), report.to_dict()
+    return done
 
 
 @pytest.mark.slow
