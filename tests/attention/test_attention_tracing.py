@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import Case, build, evaluate, normal, random_mask
+from attention_cases import Case, build, device, evaluate, normal, random_mask
 from tolerances import assert_close
 
 import jaxckpt
@@ -83,8 +83,8 @@ def test_vmap_over_an_extra_leading_axis():
 def test_vmap_over_per_example_lengths_and_masks():
     q, k, v = _stacked_inputs()
     c, rng = CASE, np.random.default_rng(3)
-    lengths = jnp.asarray([[c.t, 5], [0, 17], [30, c.t]], jnp.int32)  # [V, B]
-    mask = jnp.asarray(random_mask(rng, (3, c.b, 1, c.t, c.s)))
+    lengths = device([[c.t, 5], [0, 17], [30, c.t]], jnp.int32)  # [V, B]
+    mask = device(random_mask(rng, (3, c.b, 1, c.t, c.s)))
     call = lambda fn: lambda q, k, v, lens, m: fn(q, k, v, mask=m, query_seq_lengths=lens)
     got = jax.jit(jax.vmap(call(_flash)))(q, k, v, lengths, mask)
     loss = lambda fn: lambda *a: jnp.sum(jnp.sin(call(fn)(*a)))

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import Case, Inputs, build, evaluate, seen_rows
+from attention_cases import Case, Inputs, build, device, evaluate, seen_rows
 from tolerances import assert_close
 
 import jaxckpt
@@ -32,7 +32,7 @@ CASES = {
     "bias_B1TS-mask_B11S-causal_T>S": (
         _case(t=53, s=37, features=("bias", "mask", "causal"), variant=3),
         {},
-        {"bias": jnp.asarray(np.random.default_rng(1).standard_normal((2, 1, 53, 37)), jnp.float32)},
+        {"bias": device(np.random.default_rng(1).standard_normal((2, 1, 53, 37)), jnp.float32)},
     ),
     "bias_111S-mask_BNTS": (_case(features=("bias", "mask"), variant=2), {}, {}),
     "mask_1NTS-seq_lengths": (_case(features=("mask", "lengths"), variant=1), {}, {}),
@@ -40,8 +40,8 @@ CASES = {
         _case(b=3),
         {},
         {
-            "query_seq_lengths": jnp.asarray([0, 30, 37], jnp.int32),
-            "key_value_seq_lengths": jnp.asarray([41, 53, 0], jnp.int32),
+            "query_seq_lengths": device([0, 30, 37], jnp.int32),
+            "key_value_seq_lengths": device([41, 53, 0], jnp.int32),
         },
     ),
     "window_pair": (_case(features=("window",)), {"local_window_size": (4, 2)}, {}),
