@@ -15,7 +15,10 @@ CONFIG = nn.TransformerConfig.preset(
 B, T = 3, 13
 
 
+@functools.cache
 def model(config: nn.TransformerConfig = CONFIG) -> nn.Transformer:
+    """The model of ``config``, built once: its random init runs eagerly, op by op, and
+    every test only reads it (splits it, traces it)."""
     return nn.Transformer(config, rngs=nnx.Rngs(0))
 
 

@@ -2,6 +2,7 @@
 computes with 16-bit device copies, the update streams master by master, and the planner
 compiles and prices that step."""
 
+import functools
 import json
 
 import jax
@@ -33,14 +34,21 @@ def _params(trainer):
     return jax.tree.map(np.asarray, nnx.as_pure(nnx.state(trainer.model, nnx.Param)))
 
 
+@functools.cache
+def _four_steps(offload_master: bool, offload: bool = False) -> tuple[train.Trainer, list[float]]:
+    """A trainer after four steps on ``BATCH`` and its losses, built once per module: both
+    host routes compare with the one device route, and the evaluator test reads a trained
+    host-master model."""
+    trainer = _trainer(offload_master, offload)
+    return trainer, [float(trainer.step(BATCH)) for _ in range(4)]
+
+
 @pytest.mark.parametrize("offload", [False, True], ids=["state-on-device", "state-on-host"])
 def test_masters_stay_float32_in_host_memory_and_train_as_on_the_device(offload):
     """The first loss is the device route's bit for bit; later ones differ by the 16-bit
     rounding of the weight gradients (XLA:CPU keeps those in float32 on the device route)."""
-    device, host = _trainer(False), _trainer(True, offload)
-    losses = {
-        name: [float(t.step(BATCH)) for _ in range(4)] for name, t in (("device", device), ("host", host))
-    }
+    (device, on_device), (host, on_host) = _four_steps(False), _four_steps(True, offload)
+    losses = {"device": on_device, "host": on_host}
     assert losses["host"][0] == losses["device"][0]
     np.testing.assert_allclose(losses["host"], losses["device"], rtol=1e-3)
     assert losses["host"][-1] < losses["host"][0]
@@ -109,8 +117,7 @@ def test_a_resumed_run_with_host_masters_ends_as_the_uninterrupted_one(tmp_path)
 
 
 def test_the_evaluator_computes_with_device_copies():
-    host = _trainer(True)
-    host.step(BATCH)
+    host = _four_steps(True)[0]
     docs = [Example(np.arange(n, dtype=np.int32), np.ones(n, bool)) for n in (5, 7)]
     state = nnx.as_pure(nnx.state(host.model))
     device_memory = SingleDeviceSharding(jax.devices()[0], memory_kind="device")

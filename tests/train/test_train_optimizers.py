@@ -2,6 +2,7 @@
 momentum train, hold the state bytes they should (in the tree and in the compiled step),
 cover the LoRA adapters only, checkpoint, and offload their state to host memory."""
 
+import functools
 import json
 import math
 
@@ -69,12 +70,21 @@ def _moment_bytes(optimizer) -> int:
     return sum(x.nbytes for x in jax.tree.leaves(nnx.state(optimizer.opt_state)) if x.ndim)
 
 
+@functools.cache
+def _compiled_trainer(name: str, moments_dtype: str | None) -> tuple[train.Trainer, jax.stages.Compiled]:
+    """A trainer of ``name`` and its compiled step, built once per module: the test that
+    trains each optimizer and the one that compares their compiled argument bytes share
+    the compile (the argument bytes do not change as the trainer steps)."""
+    config = train.OptimizerConfig(name=name, moments_dtype=moments_dtype, **FAST)
+    trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config, remat=REMAT)
+    return trainer, trainer.compile(SHAPE)
+
+
 @pytest.mark.parametrize(
     "name, moments_dtype", [("adamw", None), ("adamw", "bfloat16"), ("adafactor", None), ("sgd", None)]
 )
 def test_each_optimizer_trains_and_holds_the_state_it_should(name, moments_dtype):
-    config = train.OptimizerConfig(name=name, moments_dtype=moments_dtype, **FAST)
-    trainer = train.Trainer(nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=config, remat=REMAT)
+    trainer, compiled = _compiled_trainer(name, moments_dtype)
     model, optimizer = nnx.merge(trainer.graphdef, trainer.state)
     params = _param_leaves(model)
     assert _moment_bytes(optimizer) == _expected_state_bytes(name, moments_dtype, params)
@@ -83,24 +93,20 @@ def test_each_optimizer_trains_and_holds_the_state_it_should(name, moments_dtype
         assert dtypes == {jnp.dtype(moments_dtype)}
     # The compiled step's arguments are the state (model + optimizer) and the batch; jit
     # leaves out the arguments it never reads: Adafactor's 1-element placeholders.
-    compiled = trainer.compile(SHAPE)
     unread = _nbytes(trainer.state) + math.prod(SHAPE) * 4 - compiled.memory_analysis().argument_size_in_bytes
     assert unread == 0 or (name == "adafactor" and 0 < unread <= 8 * len(params)), unread
     losses = [float(trainer.step(_batch())) for _ in range(6)]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.05, losses
 
 
-@pytest.mark.slow  # three compiles; the test above checks each compiled state against its tree
+@pytest.mark.slow  # the test above checks each compiled state against its tree
 def test_bfloat16_moments_halve_the_compiled_state():
     """From the compiled steps' argument bytes, no tree sizes: bf16 moments save one
     params-sized float32 tree (2 x 4 bytes -> 2 x 2 bytes per parameter), and SGD's momentum
     is one params-sized tree fewer than AdamW's two."""
 
-    def argument_bytes(**fields) -> int:
-        trainer = train.Trainer(
-            nn.Transformer(CFG, rngs=nnx.Rngs(0)), optimizer=train.OptimizerConfig(**fields), remat=REMAT
-        )
-        return trainer.compile(SHAPE).memory_analysis().argument_size_in_bytes
+    def argument_bytes(name="adamw", moments_dtype=None) -> int:
+        return _compiled_trainer(name, moments_dtype)[1].memory_analysis().argument_size_in_bytes
 
     params = _nbytes(_param_leaves(nn.Transformer(CFG, rngs=nnx.Rngs(0))))
     adamw = argument_bytes()

@@ -3,6 +3,7 @@ its documents run one by one (fp32, 1e-5): attention stays inside each document,
 restart in each, and no target crosses a boundary or sits on padding (RoPE and learned
 positions here; every position scheme and windows at the logits, in test_nn_packed_and_cache)."""
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -64,32 +65,46 @@ def _pack(docs, masks, seq):
 
 def _one_by_one(graphdef, params, rest, docs, masks):
     """sum_d sum_t w * CE, and its gradient, each document alone; divided by the weight."""
+    docs, masks = tuple(map(jnp.asarray, docs)), tuple(map(jnp.asarray, masks))
+    return _one_by_one_jit(graphdef, params, rest, docs, masks)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _one_by_one_jit(graphdef, params, rest, docs, masks):
+    """The documents are arguments, not constants baked into the program: the tests whose
+    documents have the same lengths share one compiled reference."""
 
     def loss(params):
         model = nnx.merge(graphdef, params, rest)
         total = 0.0
         for doc, mask in zip(docs, masks, strict=True):
-            logits = model(jnp.asarray(doc[None, :-1]))
+            logits = model(doc[None, :-1])
             logp = jax.nn.log_softmax(logits.astype(jnp.float32))[0]
-            ce = -jnp.take_along_axis(logp, jnp.asarray(doc[1:, None]), axis=-1)[:, 0]
+            ce = -jnp.take_along_axis(logp, doc[1:, None], axis=-1)[:, 0]
             total = total + jnp.sum(ce * mask[1:])
         return total / sum(m[1:].sum() for m in masks)
 
-    return jax.jit(jax.value_and_grad(loss))(params)
+    return jax.value_and_grad(loss)(params)
 
 
 def _packed(graphdef, params, rest, batch, spec):
     return jax.jit(lambda p, b: train.loss_and_grads(graphdef, p, rest, b, spec))(params, batch)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_packed_loss_and_grads_equal_the_documents_one_by_one(case):
-    graphdef, params, rest = _split(case)
+def _prompted_docs():
+    """Three documents of lengths 6, 9, 4; the second has a 5-token prompt (no loss on it)."""
     rng = np.random.default_rng(0)
     lengths = (6, 9, 4)
     docs = [rng.integers(0, SIZES["vocab_size"], n).astype(np.int32) for n in lengths]
     masks = [np.ones(n, np.float32) for n in lengths]
     masks[1][:5] = 0  # a prompt: no loss on it
+    return docs, masks
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_packed_loss_and_grads_equal_the_documents_one_by_one(case):
+    graphdef, params, rest = _split(case)
+    docs, masks = _prompted_docs()
     batch = _pack(docs, masks, seq=12)
     assert batch.inputs.shape[1] > 1  # several rows, some padding
     want_loss, want_grads = _one_by_one(graphdef, params, rest, docs, masks)
@@ -148,9 +163,7 @@ def test_chunked_logits_give_the_same_loss_and_grads(monkeypatch):
     from jaxckpt.train import _loss
 
     graphdef, params, rest = _split("llama")
-    rng = np.random.default_rng(6)
-    docs = [rng.integers(0, SIZES["vocab_size"], n).astype(np.int32) for n in (6, 9, 4)]
-    masks = [np.ones(len(d), np.float32) for d in docs]
+    docs, masks = _prompted_docs()  # the one-by-one reference compiled by the llama case
     batch = _pack(docs, masks, seq=12)
     want_loss, want_grads = _one_by_one(graphdef, params, rest, docs, masks)
     monkeypatch.setattr(_loss, "CHUNK_LOGITS_BYTES", 2 * 12 * SIZES["vocab_size"])  # 4+ chunks per row
