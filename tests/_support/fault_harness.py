@@ -34,9 +34,10 @@ import numpy as np
 
 CHILD = Path(__file__).with_name("fault_child.py")
 
-TRAIN_ARGS = ("--layers", "1", "--batch", "2", "--seq", "16", "--json")
-"""The tiny model of ``jaxckpt train``, with one layer (odd sizes are not needed: the
-harness checks the checkpoints, not the model)."""
+TRAIN_ARGS = ("--layers", "1", "--batch", "2", "--seq", "16", "--remat", "none", "--json")
+"""The tiny model of ``jaxckpt train``, with one layer and no rematerialisation (the step
+each process traces is the cheapest; odd sizes are not needed: the harness checks the
+checkpoints, not the model)."""
 
 TEMPORARY = ("*.orbax-checkpoint-tmp*", ".*.tmp")
 """What a killed save can leave in a checkpoint directory (orbax's and ours)."""
