@@ -97,8 +97,12 @@ class LossScaler(nnx.Pytree):
                 self.skipped[...] = self.skipped[...] + jnp.logical_not(finite).astype(jnp.int32)
 
 
+@jax.jit
 def all_finite(tree) -> jax.Array:
     """Whether every element of every array of ``tree`` is finite (``jmp.all_finite``).
+
+    Jitted: called eagerly (before every checkpoint write) it is one compiled program per
+    tree structure, not one small program per leaf's reduction.
 
     Example:
         >>> import jax.numpy as jnp
