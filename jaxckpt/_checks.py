@@ -1,5 +1,8 @@
 """Argument and value checks shared by every layer (this module imports nothing from jaxckpt)."""
 
+import dataclasses
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +27,31 @@ def require_positive_int(name: str, value, where: str = "") -> None:
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}{name}={value!r} must be a positive int")
+
+
+def known_fields(cls, fields: Mapping, where: str) -> dict:
+    """``fields`` as the keyword arguments of the dataclass ``cls``: the one check of every
+    ``from_dict`` and every part given as a dict. A TypeError names a non-mapping; a ValueError
+    names each unknown key and lists the valid ones.
+
+    Example:
+        >>> @dataclasses.dataclass
+        ... class Point:
+        ...     x: int = 0
+        >>> known_fields(Point, {"x": 1}, "Point")
+        {'x': 1}
+        >>> known_fields(Point, {"y": 1}, "Point")
+        Traceback (most recent call last):
+        ...
+        ValueError: Point: unknown field(s) ['y']; valid: ['x']
+    """
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"{where}: expected a mapping of fields, got {type(fields).__name__}")
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; valid: {known}")
+    return dict(fields)
 
 
 @jax.jit

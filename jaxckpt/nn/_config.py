@@ -5,7 +5,7 @@ from types import MappingProxyType
 
 import jax.numpy as jnp
 
-from jaxckpt._checks import require_positive_int
+from jaxckpt._checks import known_fields, require_positive_int
 from jaxckpt.nn._choices import LAYER_KINDS, Activation, LayerKind, Norm, Positions
 from jaxckpt.nn._lora import LoraConfig
 from jaxckpt.nn._presets import PRESET_FIELDS
@@ -257,13 +257,7 @@ class TransformerConfig:
             True
         """
         fields = {k: v for k, v in fields.items() if k not in RUN_FIELDS}
-        known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise ValueError(
-                f"TransformerConfig: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**fields)
+        return cls(**known_fields(cls, fields, "TransformerConfig"))
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TransformerConfig":

@@ -13,6 +13,7 @@ import numbers
 
 import numpy as np
 
+from jaxckpt._checks import known_fields
 from jaxckpt.nn._choices import RopeKind
 
 _F32 = np.float32
@@ -189,13 +190,7 @@ class RopeScaling:
             for k, v in fields.items()
             if k not in ("rope_theta", "partial_rotary_factor")
         }
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise ValueError(
-                f"rope_scaling: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**fields)
+        return cls(**known_fields(cls, fields, "rope_scaling"))
 
 
 def _exponents(rotary_dim: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import jax
 
 from jaxckpt import train
-from jaxckpt._checks import require_positive_int
+from jaxckpt._checks import known_fields, require_positive_int
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import OptimizerConfig, has_master_weights, parse_mesh
 
@@ -231,10 +231,7 @@ class Workload:
         Raises:
             ValueError: naming any field that ``Workload`` does not have.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise ValueError(f"Workload.from_dict: unknown fields {unknown}; valid: {sorted(known)}")
+        fields = known_fields(cls, fields, "Workload")
         parts = {"config": TransformerConfig.from_dict(fields["config"])}
         if "optimizer" in fields:
             parts["optimizer"] = OptimizerConfig.from_dict(fields["optimizer"])

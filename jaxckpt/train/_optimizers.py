@@ -9,6 +9,7 @@ from types import MappingProxyType
 import optax
 from flax import nnx
 
+from jaxckpt._checks import known_fields
 from jaxckpt.nn import trainable
 from jaxckpt.train._loss_scale import LOSS_SCALES, LossScaler, keep_state_if_finite, loss_scale_mode
 from jaxckpt.train._offload import stream_to_host
@@ -214,11 +215,7 @@ class OptimizerConfig:
             >>> OptimizerConfig.from_dict(OptimizerConfig(name="adafactor").to_dict()).name
             'adafactor'
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise ValueError(f"OptimizerConfig: unknown fields {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**fields)
+        return cls(**known_fields(cls, fields, "OptimizerConfig"))
 
 
 def _loss_scale_value(value) -> "str | float":

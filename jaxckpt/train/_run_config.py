@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from jaxckpt._checks import require_positive_int
+from jaxckpt._checks import known_fields, require_positive_int
 from jaxckpt._sizes import parse_size
 from jaxckpt.data import DEFAULT_SHUFFLE_BUFFER, check_fraction
 from jaxckpt.remat import AUTO, RematSpec, Tag
@@ -30,17 +30,6 @@ PathLike = "str | os.PathLike | None"
 def _text(value):
     """A path as the string a file records (``None`` stays ``None``)."""
     return os.fspath(value) if isinstance(value, os.PathLike) else value
-
-
-def _known_fields(cls, fields: Mapping, where: str) -> dict:
-    """``fields`` as ``cls``'s keyword arguments; a ValueError names any unknown key."""
-    if not isinstance(fields, Mapping):
-        raise TypeError(f"{where}: expected a mapping of fields, got {type(fields).__name__}")
-    known = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(fields) - set(known))
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown}; valid: {known}")
-    return dict(fields)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,7 +106,7 @@ class DataConfig:
     @classmethod
     def from_dict(cls, fields: Mapping) -> "DataConfig":
         """The value ``to_dict`` wrote; a ValueError names any unknown field."""
-        return cls(**_known_fields(cls, fields, "RunConfig.data"))
+        return cls(**known_fields(cls, fields, "RunConfig.data"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,7 +144,7 @@ class CheckpointConfig:
     @classmethod
     def from_dict(cls, fields: Mapping) -> "CheckpointConfig":
         """The value ``to_dict`` wrote; a ValueError names any unknown field."""
-        return cls(**_known_fields(cls, fields, "RunConfig.checkpoint"))
+        return cls(**known_fields(cls, fields, "RunConfig.checkpoint"))
 
 
 def _spec_to_dict(spec: RematSpec) -> dict:
@@ -168,7 +157,7 @@ def _spec_to_dict(spec: RematSpec) -> dict:
 
 def _spec_from_dict(fields: Mapping) -> RematSpec:
     """The ``RematSpec`` that ``_spec_to_dict`` wrote; a ValueError names a bad field or tag."""
-    fields = _known_fields(RematSpec, fields, "RunConfig.remat")
+    fields = known_fields(RematSpec, fields, "RunConfig.remat")
     try:
         tags = {name: frozenset(Tag(v) for v in fields.get(name, ())) for name in ("save", "offload")}
     except ValueError as err:
@@ -249,7 +238,7 @@ class RunConfig:
         for name, cls in _PARTS.items():
             value = getattr(self, name)
             if isinstance(value, Mapping):
-                object.__setattr__(self, name, cls(**_known_fields(cls, value, f"RunConfig.{name}")))
+                object.__setattr__(self, name, cls(**known_fields(cls, value, f"RunConfig.{name}")))
             elif not isinstance(value, cls):
                 raise TypeError(
                     f"RunConfig: {name} must be a {cls.__name__} or its dict, got {type(value).__name__}"
@@ -306,7 +295,7 @@ class RunConfig:
         Raises:
             ValueError: naming any field that ``RunConfig`` (or its part) does not have.
         """
-        fields = _known_fields(cls, fields, "RunConfig")
+        fields = known_fields(cls, fields, "RunConfig")
         if isinstance(fields.get("remat"), Mapping):
             fields["remat"] = _spec_from_dict(fields["remat"])
         return cls(**fields)

@@ -63,7 +63,7 @@ def test_json_round_trip():
     sgd = train.OptimizerConfig(name="sgd", moments_dtype="bfloat16", offload=True)
     w = plan.Workload(config, 15, 7, micro_batches=3, optimizer=sgd, devices=5, attention="xla")
     assert plan.Workload.from_dict(json.loads(json.dumps(w.to_dict()))) == w
-    with pytest.raises(ValueError, match=r"unknown fields \['lora'\]"):
+    with pytest.raises(ValueError, match=r"Workload: unknown field\(s\) \['lora'\]"):
         plan.Workload.from_dict({**w.to_dict(), "lora": 8})
 
 

@@ -268,7 +268,7 @@ def test_config_round_trips_and_numbers_are_static_scales():
     config = train.OptimizerConfig(name="sgd", momentum=0.5, offload=True, loss_scale="1024")
     assert config.loss_scale == 1024.0
     assert train.OptimizerConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
-    with pytest.raises(ValueError, match=r"unknown fields \['lr'\]"):
+    with pytest.raises(ValueError, match=r"OptimizerConfig: unknown field\(s\) \['lr'\]"):
         train.OptimizerConfig.from_dict({"lr": 1.0})
 
 
