@@ -106,6 +106,16 @@ def release_compiled_programs():
     gc.collect()
 
 
+def pytest_configure(config):
+    # JAXCKPT_COMPILE_PROFILE=<dir>: trace, lowering and compile time per test (compile_profile.py).
+    if os.environ.get("JAXCKPT_COMPILE_PROFILE"):
+        from compile_profile import CompileProfile
+
+        config.pluginmanager.register(
+            CompileProfile(os.environ["JAXCKPT_COMPILE_PROFILE"]), "compile_profile"
+        )
+
+
 def _torch_missing() -> str | None:
     try:
         import torch  # noqa: F401
