@@ -41,9 +41,12 @@ docs-build: setup
 docs: setup
 	$(VENV)/bin/mkdocs serve
 
-# No doctests either: they are examples, and make test runs every one.
+# The edit loop, at most 3 minutes with the compile cache warm: no `slow` test (2 s or more
+# warm: the notebooks, the fault and kill rounds, the CLI runs) and no `gpu_compile` test (the
+# deviceless XLA:GPU compiles, which the persistent cache does not keep). No doctests either:
+# they are examples. `make test` runs every one of them.
 test-fast: lint
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) -m "not slow and not gpu_compile" tests
 
 # The XLA FFI attention library of npu_backend (npu_backend/ffi/build/). Rebuilds only when
 # its sources change; with no C++ compiler it says so and exits 0 (the FFI tests then skip).

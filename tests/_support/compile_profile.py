@@ -5,12 +5,14 @@ traced, lowered, compiled or read the persistent cache. With ``JAXCKPT_COMPILE_P
 set, ``tests/conftest.py`` registers this plugin; every test then appends one JSON line to
 ``<dir>/<worker>.jsonl``::
 
-    {"test": "tests/nn/test_nn.py::test_x", "wall": 3.1, "trace": 0.4, "lower": 0.2,
-     "compile": 1.9, "compiles": 3, "cache_hits": 1, "cache_misses": 2}
+    {"test": "tests/nn/test_nn.py::test_x", "slow": false, "wall": 3.1, "trace": 0.4,
+     "lower": 0.2, "compile": 1.9, "compiles": 3, "cache_hits": 1, "cache_misses": 2}
 
 ``compile`` is XLA's backend compile, persistent-cache reads included; ``compiles`` counts
 them. Work done in a child process the test starts is not seen (only its wall time is).
-Summarise with ``python tests/_support/compile_profile.py <dir>``.
+Summarise with ``python tests/_support/compile_profile.py <dir> [top]``: the totals, the
+files and tests by wall time, and the tests of ``SLOW_S`` or more not marked ``slow`` (run
+it with the cache warm: ``make test-fast`` skips the ``slow`` ones).
 """
 
 import json
@@ -27,6 +29,9 @@ _DURATIONS = {
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
     "/jax/core/compile/backend_compile_duration": "compile",
 }
+SLOW_S = 2.0
+"""A test this long or longer with the compile cache warm is marked ``slow``."""
+
 _COUNTS = {
     "/jax/core/compile/backend_compile_duration": "compiles",
     "/jax/compilation_cache/cache_hits": "cache_hits",
@@ -59,7 +64,11 @@ class CompileProfile:
         self._current = Counter()
         start = time.perf_counter()
         yield
-        row = {"test": item.nodeid, "wall": round(time.perf_counter() - start, 3)}
+        row = {
+            "test": item.nodeid,
+            "slow": item.get_closest_marker("slow") is not None,
+            "wall": round(time.perf_counter() - start, 3),
+        }
         row.update({k: round(v, 3) for k, v in self._current.items()})
         self._out.write(json.dumps(row) + "\n")
         self._out.flush()
@@ -92,6 +101,10 @@ def summarise(out_dir: str, top: int = 40) -> None:
         print(line(c, path))
     print(f"\ntests by wall time\n{head}")
     for row in sorted(rows, key=lambda r: -r["wall"])[:top]:
+        print(line(Counter(row), row["test"]))
+    unmarked = [r for r in rows if r["wall"] >= SLOW_S and not r.get("slow")]
+    print(f"\n{len(unmarked)} tests of {SLOW_S} s or more not marked slow (if the cache was warm)")
+    for row in sorted(unmarked, key=lambda r: -r["wall"]):
         print(line(Counter(row), row["test"]))
 
 

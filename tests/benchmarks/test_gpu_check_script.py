@@ -71,6 +71,7 @@ def test_smoke_runs_every_part_and_writes_every_section(tmp_path):
             assert row["deviceless"]["measured_on"] == "xla-gpu:h200-141g", row
 
 
+@pytest.mark.slow
 def test_without_smoke_on_the_cpu_it_refuses_with_exit_2(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = _run("--out", str(out), timeout=300)

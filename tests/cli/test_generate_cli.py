@@ -51,6 +51,7 @@ def chat_tokenizer(tmp_path_factory):
     return tf.make_tokenizer_dir(tmp_path_factory.mktemp("tok"), "smollm2", chat_template=CHATML)
 
 
+@pytest.mark.slow
 def test_json_on_a_trained_checkpoint_equals_the_python_api(trained, capsys):
     out = _run(capsys, str(trained), "--prompt", "To be", "--max-new-tokens", "5")
     assert sorted(out) == ["completion", "finish_reason", "new_token_ids", "prompt"]

@@ -247,6 +247,7 @@ print(errors)
 """
 
 
+@pytest.mark.slow
 def test_no_single_byte_flip_of_a_parquet_file_aborts_the_process(tmp_path):
     """pyarrow 26 aborts the process (an uncaught C++ exception) when Python reads the metadata
     of a column chunk whose level histogram has the wrong size: one flipped byte makes one.

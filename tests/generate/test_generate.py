@@ -288,6 +288,7 @@ def test_the_grid_has_every_family(hf_models):
     assert sorted(FAMILIES) == sorted(hf_models)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("family", [pytest.param(f, marks=m) for f, m in FAMILIES.items()])
 def test_greedy_equals_transformers(hf_models, family):

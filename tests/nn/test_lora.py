@@ -93,6 +93,7 @@ def test_only_the_adapters_train_and_the_loss_falls():
     assert sum(leaf.nbytes for leaf in moments) == 2 * adapter_bytes
 
 
+@pytest.mark.slow
 def test_the_compiled_step_holds_no_base_gradient_or_state():
     """From XLA's own sizes: the step's arguments are the parameters, the adapters' two
     moments and the batch; its temp memory is smaller than full fine-tuning's by at least
@@ -129,6 +130,7 @@ def _adapter_grads_case():
     return graphdef, params, rest, _tokens(2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["full", "dots", "save_attn", "minimal", "ratio_0.5"])
 def test_remat_presets_give_the_same_adapter_gradients(preset):
     graphdef, params, rest, tokens = _adapter_grads_case()
@@ -141,6 +143,7 @@ def test_remat_presets_give_the_same_adapter_gradients(preset):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_dropout_is_keyed_by_the_seed_and_the_step():
     cfg = CFG.replace(lora=nn.LoraConfig(rank=3, dropout=0.5))
     tokens = _tokens(3)
@@ -191,6 +194,7 @@ def test_bad_lora_settings_name_the_field(capsys):
     assert "--lora-alpha needs --lora R" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_cli_trains_adapters_on_an_init_from_base(tmp_path, capsys):
     """A plain trained checkpoint as the base: its parameters, adapters added, stored in bf16."""
     common = ["--model", "tiny", "--layers", "1", "--batch", "2", "--seq", "16", "--json"]
@@ -206,6 +210,7 @@ def test_the_cli_trains_adapters_on_an_init_from_base(tmp_path, capsys):
     assert np.any(np.asarray(model.blocks.attn.q_proj.lora.lora_b[...]))  # trained adapters restored
 
 
+@pytest.mark.slow
 def test_a_quantized_base_from_a_plain_checkpoint(tmp_path):
     """--init-from a plain checkpoint with --lora and --quantize-base: the base quantized on load."""
     run = train.RunConfig(steps=1, batch=2, seq=8, checkpoint={"dir": tmp_path / "base"}, progress=False)

@@ -495,6 +495,7 @@ def _patterned_output_and_grads(blocks, x, spec: str | None):
     return run(blocks), nnx.state(grads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["none", "full", "ratio_0.5"])  # plain, per layer, segments + a shorter one
 def test_a_patterned_stack_is_its_layers_in_order_under_every_remat(spec):
     kinds = PATTERNED.layer_kinds

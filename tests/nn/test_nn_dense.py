@@ -43,6 +43,7 @@ def test_other_calls_are_lax_dot_general():
     )
 
 
+@pytest.mark.slow
 def test_dots_preset_saves_the_projections():
     cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
     model = nn.Transformer(cfg, rngs=nnx.Rngs(0))

@@ -222,6 +222,7 @@ def test_from_params_quantizes_a_plain_base():
     np.testing.assert_array_equal(_logits(again, tokens), _logits(model, tokens))
 
 
+@pytest.mark.slow
 def test_adapter_gradients_equal_the_dequantized_models():
     """The quantized matmul's backward pass (``dy @ w.T`` from the codes) gives the adapters
     the gradients of the plain LoRA model with the dequantized kernels, under remat too."""
@@ -261,6 +262,7 @@ def test_training_moves_the_adapters_only_and_the_base_stays_bit_identical():
     )
 
 
+@pytest.mark.slow
 def test_the_stored_and_the_compiled_bytes_are_the_predicted():
     """nf4 stores 0.5 byte per weight + 4 / 64 for the scales (0.5625), int8 1.0625; the
     compiled step takes exactly the parameters, the quantized base, the adapters' two
@@ -305,6 +307,7 @@ def test_fsdp_splits_the_quantized_base():
     assert nn.logical_axes(model.blocks.mlp.down.kernel_codes) == ("layers", "mlp", "embed")
 
 
+@pytest.mark.slow
 def test_the_cli_trains_qlora_and_the_loss_falls(capsys):
     argv = ["train", "--model", "tiny", "--layers", "1", "--batch", "4", "--seq", "32", "--steps", "20"]
     argv += ["--lr", "1e-2", "--lora", "8", "--quantize-base", "nf4", "--json"]

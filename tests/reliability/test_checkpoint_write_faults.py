@@ -81,6 +81,7 @@ def _writing_calls(tmp_path) -> int:
     return disk.calls
 
 
+@pytest.mark.slow
 def test_enospc_at_every_write_of_a_save_keeps_the_previous_checkpoint(tmp_path, capfd):
     calls = _writing_calls(tmp_path)
     assert calls >= 10, calls

@@ -42,6 +42,7 @@ def test_ten_sigkills_resume_bit_identically(packed):
     assert report.rounds_identical >= 1 and report.losses_checked >= STEPS
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_checkpoints_and_exits_0(packed, tmp_path):
     """SIGTERM inside a checkpoint write (the 5th file-system call of a fresh run's first save),
     then after the first step of the process that resumes it: each time the step under way

@@ -42,6 +42,7 @@ def _eval(model_dir, data):
     return ["eval", str(model_dir / "ckpt"), "--data", str(data), "--seq", "16"]
 
 
+@pytest.mark.slow
 def test_a_jsonl_line_that_is_not_json_names_file_and_line(model_dir, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n\n{"text": oops}\n')

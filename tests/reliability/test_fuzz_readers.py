@@ -104,6 +104,7 @@ def test_parquet(mutation, rng, pristine, work):
     _fuzz("parquet", mutation, rng, pristine, work)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(mutation=_mutations(fc.ORBAX), rng=RANDOMS)
 def test_orbax_checkpoint(mutation, rng, pristine, work):
@@ -264,6 +265,7 @@ def pristine_arrays(pristine):
     return fc.ORBAX.read(pristine("orbax"))
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(mutation=_mutations(fc.ORBAX), rng=RANDOMS)
 def test_convert_to_torch_refuses_a_damaged_checkpoint(mutation, rng, pristine, pristine_arrays, work):
@@ -289,6 +291,7 @@ def _eval_error(model: Path, data: Path, names, tokenizer: str = "bytes") -> str
     return _cli_error(args, *names)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(mutation=st.sampled_from(["wrong_type", "missing_text", "not_object", "not_utf8"]), rng=RANDOMS)
 def test_eval_refuses_a_corrupted_jsonl_file(mutation, rng, pristine, work):

@@ -156,6 +156,7 @@ raise {error}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lost", [True, False], ids=["lost-peer", "other-error"])
 def test_a_lost_peer_exits_at_once(lost):
     error = (

@@ -199,6 +199,7 @@ def _old(dst: Path) -> dict:
     return _files(dst)
 
 
+@pytest.mark.slow
 def test_convert_to_jax_when_the_disk_fills(sources, tmp_path, monkeypatch, capsys):
     dst = tmp_path / "jax"
 
@@ -213,6 +214,7 @@ def test_convert_to_jax_when_the_disk_fills(sources, tmp_path, monkeypatch, caps
     assert any("rename" in s for s in seen["steps"]), seen
 
 
+@pytest.mark.slow
 def test_convert_to_torch_when_the_disk_fills(sources, tmp_path, monkeypatch, capsys):
     dst = tmp_path / "hf"
     argv = ("convert", str(sources["jax"]), str(dst), "--to", "torch", "--max-shard-size", "30KB")
@@ -245,6 +247,7 @@ def test_save_hf_when_the_disk_fills(sources, tmp_path, monkeypatch):
     assert {"model.safetensors", "config.json"} <= set(seen["steps"]), seen
 
 
+@pytest.mark.slow
 def test_the_peft_adapter_and_the_seed_block_when_the_disk_fills(tmp_path, monkeypatch):
     cfg = nn.TransformerConfig.preset("tiny", n_layers=1, d_model=16, n_heads=2, ffn_dim=24, lora=3)
     params = nnx.state(nn.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.LoRAParam)
@@ -284,6 +287,7 @@ for argv in __ARGVS__:
 """
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_fails_the_real_writes(sources, tmp_path):
     """``RLIMIT_FSIZE`` fails tensorstore's own writes (and Python's) with EFBIG."""
     argvs = [

@@ -179,6 +179,7 @@ def test_save_hf_tokenizer_from(dirs, tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.slow
 def test_a_trained_checkpoint_exports_its_tokenizer(dirs, tmp_path):
     from jaxckpt.nn import TransformerConfig
     from jaxckpt.train import RunConfig, read_meta, train

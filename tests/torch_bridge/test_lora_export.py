@@ -231,6 +231,7 @@ def test_gpt2_conv1d_adapter_loads_in_peft(tmp_path):
     np.testing.assert_allclose(_torch_logits(loaded), _logits(model), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_cli_lora_from_train_and_export(theirs, base, tmp_path, capsys):
     path, peft_model = theirs
     jax_dir, trained = tmp_path / "jax", tmp_path / "trained"
@@ -264,6 +265,7 @@ def test_cli_lora_from_train_and_export(theirs, base, tmp_path, capsys):
     np.testing.assert_allclose(_torch_logits(reloaded), _torch_logits(model), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_lora_trained_on_a_bf16_base_exports_merged_float32_exactly(tmp_path, capsys):
     """The bug of issue 30: a bf16 base's merged kernels were rounded through bf16 before the
     float32 write (the existing tests merged fp32 bases, or asked for bf16 output). Trained

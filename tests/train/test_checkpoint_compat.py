@@ -18,6 +18,7 @@ LEGACY = {"remat": "save_attn", "attention": "xla", "budget": 2**30}
 """Run settings that model configs held before they moved to ``train.RunConfig``."""
 
 
+@pytest.mark.slow
 def test_a_checkpoint_loads_with_the_optimizer_it_was_trained_with(tmp_path):
     sgd = train.OptimizerConfig(name="sgd", momentum=0.5)
     run = train.RunConfig(

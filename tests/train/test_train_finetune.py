@@ -40,6 +40,7 @@ def _run(files, *, steps: int, data=(), batch=2, seq=24, **fields) -> train.RunC
     return train.RunConfig(steps=steps, batch=batch, seq=seq, data=data, progress=False, **fields)
 
 
+@pytest.mark.slow
 def test_packed_resume_continues_on_exactly_the_uninterrupted_batches(files, tmp_path):
     run = _run(files, steps=7, seed=3)
     whole = train.train(_config(), run)
@@ -74,6 +75,7 @@ def test_the_tokenizer_must_fit_the_vocabulary(files):
         train.RunConfig(steps=1, batch=1, seq=8, data={"eval_every": 1})
 
 
+@pytest.mark.slow
 def test_cli_train_json_and_eval(files, tmp_path, capsys):
     args = ["train", "--model", "tiny", "--layers", "1", "--data", str(files["data"]), "--seq", "24"]
     args += ["--batch", "2", "--steps", "2", "--tokenizer", "bytes", "--eval-split", "0.3", "--json"]
@@ -92,6 +94,7 @@ def test_cli_train_json_and_eval(files, tmp_path, capsys):
     assert "bad.jsonl:2: " in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_metadata_keeps_the_data_states_of_the_kept_checkpoints_only(files, tmp_path):
     train.train(_config(), _run(files, steps=5, checkpoint={"dir": tmp_path, "every": 1}))
     meta = json.loads((tmp_path / "jaxckpt.json").read_text())

@@ -36,6 +36,7 @@ def _snapshot(trainer) -> list:
     return [np.asarray(x).copy() for x in jax.tree.leaves(kept)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offload", [False, True])
 def test_overflow_skips_the_step_and_halves_the_scale_then_good_steps_grow_it(offload):
     config = train.OptimizerConfig(loss_scale_init=2.0**40, loss_scale_period=4, offload=offload, **FAST)

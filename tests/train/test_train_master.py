@@ -43,6 +43,7 @@ def _four_steps(offload_master: bool, offload: bool = False) -> tuple[train.Trai
     return trainer, [float(trainer.step(BATCH)) for _ in range(4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offload", [False, True], ids=["state-on-device", "state-on-host"])
 def test_masters_stay_float32_in_host_memory_and_train_as_on_the_device(offload):
     """The first loss is the device route's bit for bit; later ones differ by the 16-bit
@@ -106,6 +107,7 @@ def test_offload_master_needs_float32_masters_of_a_16_bit_compute(config):
         )
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_host_masters_ends_as_the_uninterrupted_one(tmp_path):
     settings = train.OptimizerConfig(offload_master=True)
     run = train.RunConfig(steps=4, batch=2, seq=16, progress=False, optimizer=settings)
@@ -141,6 +143,7 @@ def test_the_planner_compiles_and_prices_host_masters():
     assert predicted.host == plan.state_bytes(on_host)[0]
 
 
+@pytest.mark.slow
 def test_the_cli_trains_with_host_masters(capsys):
     argv = ["train", "--model", "tiny", "--layers", "1", "--dtype", "bfloat16", "--steps", "2"]
     assert main([*argv, "--batch", "2", "--seq", "16", "--offload-master", "--json"]) == 0
@@ -153,6 +156,7 @@ def test_the_cli_trains_with_host_masters(capsys):
     assert "--offload-master needs the float32 master weights" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_planner_cli_prices_host_masters(capsys):
     argv = ["plan", "--model", "tiny", "--batch", "2", "--seq", "64", "--dtype", "bfloat16"]
     argv += ["--budget", "1GiB", "--remat", "full", "--json"]
@@ -164,6 +168,7 @@ def test_the_planner_cli_prices_host_masters(capsys):
     assert on_host["measured_bytes"] < on_device["measured_bytes"]
 
 
+@pytest.mark.slow
 def test_host_masters_shard_over_an_fsdp_mesh():
     mesh = train.make_mesh({"data": 1, "fsdp": 4}, devices=jax.devices()[:4])
     settings = train.OptimizerConfig(offload_master=True)

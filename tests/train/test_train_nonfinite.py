@@ -22,6 +22,7 @@ def _finite(arrays: dict) -> bool:
     return all(np.isfinite(a).all() for a in arrays.values() if np.issubdtype(a.dtype, np.inexact))
 
 
+@pytest.mark.slow
 def test_stop_names_the_step_keeps_the_last_good_checkpoint_and_exits_3(tmp_path, capsys):
     ckpt = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
@@ -37,6 +38,7 @@ def test_stop_names_the_step_keeps_the_last_good_checkpoint_and_exits_3(tmp_path
     assert again.value.code == 3 and f"step {FIRST_BAD}: the loss is nan" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_skip_leaves_params_and_optimizer_state_unchanged_and_counts(tmp_path, capsys):
     ckpt = tmp_path / "run"
     every = ["--checkpoint-every", "2"]  # steps 2, 4 and 6 (the newest 3 are kept)
@@ -58,6 +60,7 @@ CFG16 = nn.TransformerConfig.preset(
 )
 
 
+@pytest.mark.slow
 def test_float16_overflows_do_not_stop_a_run_but_a_nan_loss_does():
     """Dynamic loss scaling: a scale too high overflows the float16 gradients (finite loss):
     the scaler skips and halves, whatever ``on_nonfinite``; a NaN loss then stops the run."""

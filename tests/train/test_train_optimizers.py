@@ -272,6 +272,7 @@ def test_config_round_trips_and_numbers_are_static_scales():
         train.OptimizerConfig.from_dict({"lr": 1.0})
 
 
+@pytest.mark.slow
 def test_cli_trains_with_sgd_bf16_moments_offloaded(capsys):
     argv = ["train", "--layers", "1", "--batch", "2", "--seq", "16", "--steps", "2"]
     argv += ["--optimizer", "sgd", "--moments-dtype", "bfloat16", "--offload-optimizer", "--json"]
@@ -302,6 +303,7 @@ def test_cli_says_offload_saves_nothing_on_cpu():
     ]
 
 
+@pytest.mark.slow
 def test_cli_remat_auto_plans_the_optimizer_it_trains(capsys):
     """``jaxckpt train --remat auto`` compiles the step it then runs: SGD with bf16 momentum
     here, not the default AdamW (the plan's measured peak is the run's)."""

@@ -101,6 +101,7 @@ def _prompted_docs():
     return docs, masks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_packed_loss_and_grads_equal_the_documents_one_by_one(case):
     graphdef, params, rest = _split(case)
@@ -114,6 +115,7 @@ def test_packed_loss_and_grads_equal_the_documents_one_by_one(case):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_packed_micro_batches_weigh_every_target_alike():
     """Two micro-batches with unequal target counts: the step's loss is the mean over all
     targets (not the mean of the two micro-batch means)."""
@@ -144,6 +146,7 @@ def test_trainer_steps_on_packed_batches():
         trainer.step(batch._replace(weights=batch.weights[:, :, :-1]))
 
 
+@pytest.mark.slow
 def test_packed_batches_shard_over_a_mesh_with_the_same_losses():
     graphdef, params, rest = _split("llama")
     rng = np.random.default_rng(4)
