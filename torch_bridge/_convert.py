@@ -116,9 +116,16 @@ def target_shapes(arch: Architecture, config: TransformerConfig) -> dict[str, ja
         >>> shapes["embed.embedding"].shape
         (256, 128)
     """
+    return dict(_target_shapes(arch, config))
+
+
+@functools.lru_cache(maxsize=16)
+def _target_shapes(arch: Architecture, config: TransformerConfig) -> tuple:
+    """``target_shapes``'s items, traced once per (arch, config): a conversion asks for them
+    at each of its steps (read, check, save), and tracing the model is most of a small one."""
     cls = model_class(arch)
     model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
-    return flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    return tuple(flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items())
 
 
 def flatten(tree: Mapping) -> dict:
