@@ -15,7 +15,6 @@ solved exactly with ``scipy.optimize.milp``:
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from jaxckpt.plan._analytic import compiler_extras, head_branch, layer_working_set, predict
 from jaxckpt.plan._devices import DEVICES, DevicePreset
@@ -164,6 +163,9 @@ class _Program:
         for t in self.tags:
             cost[self.off[t]] = 2 * self.tag_bytes[t] * device.flops / device.host_bandwidth / 1e9
             cost[self.keep[t]] = self.tag_bytes[t] * 1e-15  # among equal costs, keep fewer bytes
+        # Imported here: scipy.optimize is about a second of every `import jaxckpt` otherwise.
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
         result = milp(
             cost,
             constraints=LinearConstraint(np.array(self.rows), self.lo, self.hi),

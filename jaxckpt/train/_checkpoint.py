@@ -18,7 +18,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from jaxckpt.train._orbax_quiet import SaveReports, quiet_orbax_failures
@@ -50,12 +49,20 @@ class CheckpointWriteError(OSError):
     """
 
 
+def _ocp():
+    """``orbax.checkpoint``, imported on first use: it is about 0.4 s of every ``import jaxckpt``
+    otherwise, and most processes (the planner, the CLI's help, converters) never checkpoint."""
+    import orbax.checkpoint
+
+    return orbax.checkpoint
+
+
 def _manager(directory: Path, max_to_keep: int | None = MAX_TO_KEEP, cleanup: bool = False):
     quiet_orbax_failures()  # a failure is raised as one line: no orbax thread tracebacks
-    options = ocp.CheckpointManagerOptions(
+    options = _ocp().CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=cleanup
     )
-    return ocp.CheckpointManager(directory.absolute(), options=options)
+    return _ocp().CheckpointManager(directory.absolute(), options=options)
 
 
 def latest_step(directory: str | os.PathLike) -> int | None:
@@ -130,7 +137,7 @@ def save_checkpoint(
                     )
                 manager.delete(step)  # a killed run's unrecorded step: not a checkpoint
             try:
-                manager.save(step, args=ocp.args.StandardSave(tree), force=True)
+                manager.save(step, args=_ocp().args.StandardSave(tree), force=True)
                 manager.wait_until_finished()
                 if meta is not None:
                     _record(manager, directory, step, meta)
@@ -221,16 +228,16 @@ def restore_checkpoint(
         raise FileNotFoundError(
             f"no checkpoint in {str(directory)!r}; train without resume=True to create one"
         )
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(like))
+    abstract = jax.tree.map(_ocp().utils.to_shape_dtype_struct, nnx.to_pure_dict(like))
     with _manager(directory) as manager:
         try:
             try:
-                restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+                restored = manager.restore(step, args=_ocp().args.StandardRestore(abstract))
             except ValueError:
                 older = _without(abstract, ADDED_STATE)
                 if older == abstract:
                     raise
-                restored = manager.restore(step, args=ocp.args.StandardRestore(older))
+                restored = manager.restore(step, args=_ocp().args.StandardRestore(older))
         except Exception as err:  # orbax and tensorstore raise many types on a damaged checkpoint
             raise ValueError(
                 f"could not restore checkpoint step {step} from {str(directory)!r}: {_one_line(err)}"
