@@ -7,11 +7,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-fast lint docs docs-build bench clean
 
+# Byte code. `make setup` installs with --no-compile, so Python compiles what a process imports
+# when it first imports it, and keeps the result here. Where PYTHONDONTWRITEBYTECODE is set it
+# could keep nothing, and every process would compile every module it imports again: measured,
+# `import jaxckpt` took 5.5 s instead of 2.4 s, and collecting the suite 24 s instead of 11 s,
+# in each xdist worker, notebook kernel and child process of the tests.
+export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
+unexport PYTHONDONTWRITEBYTECODE
+
 $(PY):
 	python3 -m venv $(VENV)
 
 # --no-compile: byte-compiling every installed module took about 90 s of CPU on 2 cores; Python
-# compiles the modules a process imports, once, on first import instead.
+# compiles the modules a process imports, once, on first import instead (see PYTHONPYCACHEPREFIX).
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --upgrade pip
 	$(PIP) install --no-compile "torch==2.13.0"
