@@ -24,14 +24,14 @@ from pathlib import Path
 
 from jax import monitoring
 
+SLOW_S = 2.0
+"""A test this long or longer with the compile cache warm is marked ``slow``."""
+
 _DURATIONS = {
     "/jax/core/compile/jaxpr_trace_duration": "trace",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
     "/jax/core/compile/backend_compile_duration": "compile",
 }
-SLOW_S = 2.0
-"""A test this long or longer with the compile cache warm is marked ``slow``."""
-
 _COUNTS = {
     "/jax/core/compile/backend_compile_duration": "compiles",
     "/jax/compilation_cache/cache_hits": "cache_hits",
