@@ -23,7 +23,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --upgrade pip
 	$(PIP) install --no-compile "torch==2.13.0"
-	$(PIP) install --no-compile -e ".[torch,dev,gpu-aot,docs]"
+	$(PIP) install --no-compile -e ".[torch,dev,gpu-aot,tpu-aot,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -12,7 +12,7 @@ devices) and, where it asks about one, a remat spec:
   to every preset; ``resolve_auto`` answers ``remat="auto"``.
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
-``_devices``, ``_targets``, ``_specs``, ``_state``, ``_layer_costs``, ``_layer_graph``,
+``_devices``, ``_tpu_targets``, ``_targets``, ``_specs``, ``_state``, ``_layer_costs``, ``_layer_graph``,
 ``_compile``, ``_sharded``, ``_measure``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``,
 ``_solver``, ``_table``, ``_auto``.
 
@@ -42,12 +42,16 @@ from jaxckpt.plan._targets import (
     GEMM_BACKENDS,
     TARGETS,
     GpuTarget,
+    Target,
+    aot_unavailable,
+    compile_target,
     deviceless,
     gpu_aot_unavailable,
     gpu_target,
     quiet_cuda_plugin_without_driver,
     target_devices,
 )
+from jaxckpt.plan._tpu_targets import TPU_CAVEAT, TpuTarget, tpu_aot_unavailable
 from jaxckpt.plan._workload import MOMENTS_DTYPES, OPTIMIZERS, PLACEMENTS, Workload
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "OPTIMIZERS",
     "PLACEMENTS",
     "TARGETS",
+    "TPU_CAVEAT",
     "BudgetError",
     "Choice",
     "DevicePreset",
@@ -68,10 +73,14 @@ __all__ = [
     "Prediction",
     "PresetRow",
     "PresetTable",
+    "Target",
+    "TpuTarget",
     "Workload",
+    "aot_unavailable",
     "by_cost",
     "choice",
     "compile_step",
+    "compile_target",
     "device_preset",
     "deviceless",
     "format_bytes",
@@ -93,6 +102,7 @@ __all__ = [
     "step_flops",
     "tag_flops_per_byte",
     "target_devices",
+    "tpu_aot_unavailable",
     "trainable_bytes",
     "tree_bytes",
     "widened_bytes",

@@ -1,4 +1,8 @@
-"""GPU compile targets: the real XLA:GPU compiler, run on a machine without a GPU.
+"""Compile targets: the real XLA:GPU and XLA:TPU compilers, run on a machine without the device.
+
+``TARGETS`` holds both kinds; ``compile_target`` looks one up, ``target_devices`` gives its
+compile-only devices and ``deviceless`` is the context a compile for it runs in. The TPU
+targets are ``jaxckpt.plan._tpu_targets``'s; the rest of this module is the GPU's.
 
 A target is an XLA GPU target config (``targets/<name>.txtpb``, package data: where each
 file comes from is in its header) that the JAX CUDA plugin compiles against without a
@@ -24,6 +28,7 @@ from types import MappingProxyType
 import jax
 
 from jaxckpt.attention import compiling_for
+from jaxckpt.plan._tpu_targets import TPU_TARGETS, TpuTarget, tpu_aot_unavailable, tpu_topology
 
 AUTOTUNE_CAVEAT = (
     "compiled for the GPU without one: XLA:GPU's own buffer assignment, but not autotuned (GEMM "
@@ -88,6 +93,8 @@ class GpuTarget:
     sm: str
     description: str
 
+    platform = "gpu"
+
     @property
     def measured_on(self) -> str:
         """How a figure compiled for this target is labelled: ``"xla-gpu:<name>"``."""
@@ -98,7 +105,10 @@ class GpuTarget:
         return importlib.resources.files("jaxckpt.plan").joinpath("targets", f"{self.name}.txtpb").read_text()
 
 
-TARGETS: MappingProxyType[str, GpuTarget] = MappingProxyType(
+Target = GpuTarget | TpuTarget
+"""A compile target of either kind."""
+
+GPU_TARGETS: MappingProxyType[str, GpuTarget] = MappingProxyType(
     {
         "h100-80g": GpuTarget("h100-80g", "sm_90a", "NVIDIA H100 80GB HBM3"),
         "h200-141g": GpuTarget("h200-141g", "sm_90a", "NVIDIA H200 141GB HBM3e"),
@@ -108,9 +118,28 @@ TARGETS: MappingProxyType[str, GpuTarget] = MappingProxyType(
 )
 """Target name -> ``GpuTarget``: the GPUs ``plan.measure(..., target=)`` compiles for."""
 
+TARGETS: MappingProxyType[str, Target] = MappingProxyType({**GPU_TARGETS, **TPU_TARGETS})
+"""Target name -> ``GpuTarget`` or ``TpuTarget``: every device ``plan.measure(..., target=)``
+compiles for (``tpu-*`` with XLA:TPU, the others with XLA:GPU)."""
+
+
+def compile_target(name: "str | Target") -> Target:
+    """The target called ``name`` (a target passes through); the error lists them.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> plan.compile_target("tpu-v5p").measured_on, plan.compile_target("a100-40g").platform
+        ('xla-tpu:v5p', 'gpu')
+    """
+    if isinstance(name, GpuTarget | TpuTarget):
+        return name
+    if name not in TARGETS:
+        raise ValueError(f"target={name!r} is not a compile target; valid targets: {', '.join(TARGETS)}")
+    return TARGETS[name]
+
 
 def gpu_target(name: "str | GpuTarget") -> GpuTarget:
-    """The target called ``name`` (a ``GpuTarget`` passes through); the error lists them.
+    """The GPU target called ``name`` (a ``GpuTarget`` passes through); the error lists them.
 
     Example:
         >>> from jaxckpt import plan
@@ -119,9 +148,22 @@ def gpu_target(name: "str | GpuTarget") -> GpuTarget:
     """
     if isinstance(name, GpuTarget):
         return name
-    if name not in TARGETS:
-        raise ValueError(f"target={name!r} is not a GPU compile target; valid targets: {', '.join(TARGETS)}")
-    return TARGETS[name]
+    if name not in GPU_TARGETS:
+        raise ValueError(f"target={name!r} is not a GPU compile target; valid: {', '.join(GPU_TARGETS)}")
+    return GPU_TARGETS[name]
+
+
+def aot_unavailable(target: "str | Target") -> str | None:
+    """None when this process can compile for ``target``, else why not: the extra it needs
+    (``gpu-aot`` or ``tpu-aot``) is missing, or the compiler did not start.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> plan.aot_unavailable("tpu-v6e") == plan.tpu_aot_unavailable()
+        True
+    """
+    target = compile_target(target)
+    return gpu_aot_unavailable() if target.platform == "gpu" else tpu_aot_unavailable()
 
 
 def _ptxas() -> str | None:
@@ -175,23 +217,33 @@ def _topology(target: GpuTarget, devices: int):
         ) from err
 
 
-def target_devices(target: "str | GpuTarget", devices: int = 1) -> list:
-    """``devices`` abstract devices of ``target`` (one host), to compile over.
+def target_devices(target: "str | Target", devices: int = 1) -> list:
+    """``devices`` abstract devices of ``target`` (one host), to compile over: GPUs, or
+    the devices of a TPU slice of that many (``TpuTarget.topology_name``).
 
     Arrays are given as ``jax.ShapeDtypeStruct(..., sharding=NamedSharding(Mesh(...)))``
     over them; nothing can be allocated on them.
 
     Raises:
-        RuntimeError: when the ``gpu-aot`` extra is missing or the plugin cannot start.
+        RuntimeError: when the ``gpu-aot`` (``tpu-aot``) extra is missing or the compiler
+            cannot start.
+        ValueError: ``devices`` is not a positive int (for a TPU: not a slice's size).
 
     Example:
         >>> from jaxckpt import plan
         >>> if plan.gpu_aot_unavailable() is None:
         ...     assert plan.target_devices("h100-80g", 2)[1].device_kind == "NVIDIA H100 80GB HBM3"
+        >>> if plan.tpu_aot_unavailable() is None:
+        ...     assert plan.target_devices("tpu-v5p", 8)[7].device_kind == "TPU v5"
     """
-    target = gpu_target(target)
+    target = compile_target(target)
     if not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be a positive int; got {devices!r}")
+    if target.platform == "tpu":
+        target.slice_shape(devices)  # a bad size is the caller's error, named before libtpu starts
+        if importlib.util.find_spec("libtpu") is None:
+            raise RuntimeError(tpu_aot_unavailable())
+        return list(tpu_topology(target, devices).devices)[:devices]
     if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
         raise RuntimeError(gpu_aot_unavailable())
     return list(_topology(target, devices).devices)
@@ -237,9 +289,10 @@ def quiet_cuda_plugin_without_driver() -> bool:
 
 
 @contextlib.contextmanager
-def deviceless():
-    """The context of a compile for a GPU target: attention traced for a GPU
-    (``attention.compiling_for("gpu")``: ``implementation=None`` may pick cuDNN), and
+def deviceless(target: "str | Target" = "h100-80g"):
+    """The context of a compile for ``target``: attention traced for its platform
+    (``attention.compiling_for``: ``implementation=None`` may pick cuDNN on a GPU, picks
+    the Splash kernel on a TPU), and
     JAX's persistent compilation cache kept from writing, since a deviceless executable
     cannot be read back (that needs a client of its platform): caching it only writes an
     entry that warns when the next compile of the same program tries to load it.
@@ -259,7 +312,7 @@ def deviceless():
     try:
         for name, value in _NO_CACHE_WRITES.items():
             jax.config.update(name, value)
-        with compiling_for("gpu"):
+        with compiling_for(compile_target(target).platform):
             yield
     finally:
         for name, value in before.items():

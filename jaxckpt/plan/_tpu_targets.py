@@ -1,0 +1,170 @@
+"""TPU compile targets: the real XLA:TPU compiler (libtpu), run on a machine without a TPU.
+
+``jax.experimental.topologies.get_topology_desc(platform="tpu", ...)`` gives compile-only
+devices of a TPU slice; a program lowered over them is compiled by XLA:TPU as it would be
+on the chips (its tiled layouts, its memory-space assignment, its fusion, and its HBM
+check: a program that does not fit fails to compile with ``RESOURCE_EXHAUSTED``). It
+needs the ``tpu-aot`` extra (``pip install "jaxckpt[tpu-aot]"``: ``jax[tpu]``, which
+pins the ``libtpu`` of the installed jaxlib). This is how MaxText's ``train_compile.py``
+compiles for a slice on a CPU host. Nothing compiled here runs on a TPU.
+
+Two facts of XLA:TPU's memory analysis the planner relies on (measured with libtpu
+0.0.42.1, from the buffer assignment that ``--xla_dump_to`` writes):
+
+* ``temp_size_in_bytes`` counts only the temporaries in HBM (memory space 0). XLA:TPU's
+  memory-space assignment moves temporaries that fit into the core's VMEM (memory space
+  1: 128 MiB on v5e and v6e), and those are left out: a ``tanh(a @ b) @ b`` of 4096²
+  float32 reports 0 bytes of temp on v5e, where the dump shows 96 MiB of temporaries in
+  VMEM. ``peak_memory_in_bytes`` is the sum over memory spaces (HBM and VMEM:
+  201,327,104 + 100,663,296 bytes there, 512 bytes of tuple table apart), so it is the
+  figure jaxckpt trusts: ``jaxckpt.train.memory_report`` derives ``temp`` from it on a
+  TPU, and the peak over-counts HBM by at most the VMEM in use (at most 128 MiB; under
+  1% of a v5e's 16 GiB).
+* The compiler's HBM limit is the chip's HBM less what the runtime reserves: 15.75 GiB
+  of 16 GiB on v5e. Over it, compiling fails with ``Ran out of memory on HBM, the total
+  memory required for HLO temporaries (22.50G) exceeds available HBM (15.75G)``, which
+  ``plan.measure`` turns into an answer (``MemoryReport.overflow``), not a crash.
+"""
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import os
+import re
+
+import jax
+
+from jaxckpt._sizes import GiB
+
+TPU_CAVEAT = (
+    "compiled for the TPU without one: XLA:TPU's own buffer assignment (libtpu), never run on a chip; "
+    "the peak is peak_memory_in_bytes, which also counts the core's VMEM scratch (at most 128 MiB)"
+)
+"""How far a deviceless TPU compile's figures carry to the real chip (printed with them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuTarget:
+    """One TPU generation the planner can compile for without having it.
+
+    Attributes:
+        name: the key in ``plan.TARGETS`` (also a ``plan.DEVICES`` name), e.g. ``"tpu-v5e"``.
+        generation: the short name in ``measured_on`` and in XLA's topology names (``"v5e"``).
+        device_kind: what JAX calls the device (``"TPU v5 lite"``).
+        torus: the slice's dimensions (2 for v5e and v6e, 3 for v4 and v5p).
+        cores_per_chip: devices XLA:TPU's compile-only topology gives per chip (2 on v4,
+            whose two TensorCores are separate devices there, each with half the HBM).
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> plan.TARGETS["tpu-v5e"].measured_on, plan.TARGETS["tpu-v5e"].topology_name(8)
+        ('xla-tpu:v5e', 'v5e:2x4')
+    """
+
+    name: str
+    generation: str
+    device_kind: str
+    torus: int
+    cores_per_chip: int = 1
+
+    platform = "tpu"
+
+    @property
+    def measured_on(self) -> str:
+        """How a figure compiled for this target is labelled: ``"xla-tpu:<generation>"``."""
+        return f"xla-tpu:{self.generation}"
+
+    def slice_shape(self, devices: int) -> tuple[int, ...]:
+        """The chips of a slice of ``devices`` devices, as XLA's topology names them.
+
+        On v4 a device is a TensorCore: one device is one core of a chip.
+
+        Raises:
+            ValueError: unless ``devices`` is a power of two (a slice's shape).
+        """
+        if not isinstance(devices, int) or devices < 1 or devices & (devices - 1):
+            raise ValueError(f"devices={devices!r}: a {self.name} slice has a power of two of devices")
+        chips = max(1, devices // self.cores_per_chip)
+        dims = [1] * self.torus
+        for i in range(int(math.log2(chips))):  # doubled in turn: 2x4 for 8 chips of v5e, 2x2x2 of v5p
+            dims[(i + 1) % 2 if self.torus == 2 else i % self.torus] *= 2
+        return tuple(dims)
+
+    def topology_name(self, devices: int) -> str:
+        """XLA's name of the slice of ``devices`` devices (``"v5p:2x2x2"`` for 8)."""
+        return f"{self.generation}:{'x'.join(map(str, self.slice_shape(devices)))}"
+
+
+TPU_TARGETS: dict[str, TpuTarget] = {
+    "tpu-v5e": TpuTarget("tpu-v5e", "v5e", "TPU v5 lite", torus=2),
+    "tpu-v5p": TpuTarget("tpu-v5p", "v5p", "TPU v5", torus=3),
+    "tpu-v6e": TpuTarget("tpu-v6e", "v6e", "TPU v6 lite", torus=2),
+    "tpu-v4": TpuTarget("tpu-v4", "v4", "TPU v4", torus=3, cores_per_chip=2),
+}
+"""Target name -> ``TpuTarget`` (merged into ``plan.TARGETS``)."""
+
+
+def tpu_aot_unavailable() -> str | None:
+    """None when this process can compile for TPU targets, else why not (and how to fix it).
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> reason = plan.tpu_aot_unavailable()
+        >>> reason is None or "tpu-aot" in reason
+        True
+    """
+    if importlib.util.find_spec("libtpu") is None:
+        return (
+            'libtpu (the XLA:TPU compiler) is not installed; install the extra: pip install "jaxckpt[tpu-aot]" '
+            f'(jax[tpu]=={jax.__version__})'
+        )
+    try:
+        tpu_topology(TPU_TARGETS["tpu-v5e"], 1)
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+@functools.cache
+def tpu_topology(target: TpuTarget, devices: int):
+    """The compile-only topology of ``devices`` devices of ``target``, on one host.
+
+    libtpu reads the TPU host's environment when it starts; on a machine that is not a TPU
+    host it would print warnings for what is missing, so the defaults of a one-host slice
+    are set first (``TPU_WORKER_HOSTNAMES=localhost`` and the accelerator type).
+    """
+    from jax.experimental import topologies
+
+    shape = target.slice_shape(devices)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")  # any valid type; the topology is named
+    try:
+        return topologies.get_topology_desc(
+            platform="tpu",
+            topology_name=target.topology_name(devices),
+            chips_per_host_bounds=(*shape, 1)[:3] if len(shape) == 2 else shape,
+        )
+    except (jax.errors.JaxRuntimeError, RuntimeError, ValueError) as err:
+        raise RuntimeError(f"could not make a {target.name} topology of {devices} devices: {err}") from err
+
+
+_OVERFLOW = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": GiB, "T": 2**40}
+
+
+def hbm_overflow(err: BaseException) -> tuple[int, int] | None:
+    """``(needed, available)`` bytes when ``err`` is XLA:TPU's out-of-HBM compile error
+    (to the message's 2 decimals of a GiB), else None.
+
+    Example:
+        >>> err = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+        ...                    "required for HLO temporaries (22.50G) exceeds available HBM (15.75G).")
+        >>> [round(b / 2**30, 2) for b in hbm_overflow(err)]
+        [22.5, 15.75]
+    """
+    found = _OVERFLOW.search(str(err))
+    if "RESOURCE_EXHAUSTED" not in str(err) or found is None:
+        return None
+    need, need_unit, have, have_unit = found.groups()
+    return int(float(need) * _UNITS[need_unit]), int(float(have) * _UNITS[have_unit])
