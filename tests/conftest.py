@@ -50,7 +50,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 # import jaxckpt chooses the CPU platform with the gpu-aot extra on a machine without a GPU
 # driver (no CUDA plugin start-up traceback in every test process and the subprocesses).
-from jaxckpt.plan import gpu_aot_unavailable
+from jaxckpt.plan import gpu_aot_unavailable, tpu_aot_unavailable
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update(
@@ -151,6 +151,7 @@ def _npu_missing() -> str | None:
 _PROBES = {
     "gpu": _gpu_missing,
     "gpu_compile": gpu_aot_unavailable,
+    "tpu_compile": tpu_aot_unavailable,
     "npu": _npu_missing,
     "torch": _torch_missing,
 }

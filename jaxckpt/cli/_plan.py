@@ -2,10 +2,11 @@
 
 One row per remat preset, predicted from shapes (``plan.choice``, no compile), and
 the spec ``plan.plan_memory`` chose, whose peak XLA measured: ``plan.preset_table``
-computes them, this module parses the flags and formats. A GPU ``--device``
-(``plan.TARGETS``) is measured by XLA:GPU for that GPU, compiled here without one, when
-the ``gpu-aot`` extra is installed (``plan.AUTOTUNE_CAVEAT``); otherwise, and for every
-other device, by XLA:CPU (``plan.CPU_CAVEAT``), and the table says which. The budget is
+computes them, this module parses the flags and formats. A GPU or TPU ``--device``
+(``plan.TARGETS``) is measured by XLA:GPU or XLA:TPU for it, compiled here without one,
+when the ``gpu-aot`` (``tpu-aot``) extra is installed (``plan.AUTOTUNE_CAVEAT``,
+``plan.TPU_CAVEAT``); otherwise, and for every other device, by XLA:CPU
+(``plan.CPU_CAVEAT``), and the table says which. The budget is
 a device preset's memory or a size.
 
 Example:
@@ -78,7 +79,8 @@ def add_parser(sub) -> None:
         description="Predicts params, gradients, optimizer state and activations of a train step "
         "under every remat preset (from shapes, no compile), solves for the spec of least recompute "
         "that fits the budget and checks it against XLA's compiled memory analysis (XLA:GPU for a GPU "
-        "--device with the gpu-aot extra, compiled without a GPU; else XLA:CPU).",
+        "--device with the gpu-aot extra, XLA:TPU for a tpu-* --device with the tpu-aot extra, compiled "
+        "without the device; else XLA:CPU).",
     )
     p.add_argument("--model", required=True, choices=list(nn.PRESETS), help="model preset")
     # sizes and the device are checked by the library (plan.Workload, plan.device_preset), which names
@@ -89,7 +91,7 @@ def add_parser(sub) -> None:
         "--device",
         help=f"plan for this device ({', '.join(plan.DEVICES)}): its memory is the budget (unless "
         "--budget), its matmul rate prices recompute; a GPU's step is compiled by XLA:GPU for it (the "
-        "gpu-aot extra)",
+        "gpu-aot extra), a TPU's by XLA:TPU (the tpu-aot extra)",
     )
     p.add_argument(
         "--budget",
@@ -101,7 +103,7 @@ def add_parser(sub) -> None:
         type=int,
         default=1,
         help="plan per device for FSDP over this many devices (jaxckpt train --mesh fsdp=N); the batch "
-        "is split over them and every candidate is compiled over N devices (a GPU --device's, or "
+        "is split over them and every candidate is compiled over N devices (a GPU --device's, a TPU slice of N chips, or "
         "simulated CPU devices)",
     )
     add_optimizer_arguments(p, loss_scale=False)
@@ -149,20 +151,20 @@ def add_parser(sub) -> None:
 
 
 def compile_target(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """The GPU target ``--device`` names, when this process can compile for it, and a note
-    when it names one but the ``gpu-aot`` extra is missing (then XLA:CPU measures)."""
+    """The compile target ``--device`` names (a GPU or a TPU), when this process can compile
+    for it, and a note when it names one but its extra is missing (then XLA:CPU measures)."""
+    gpus = [name for name, target in plan.TARGETS.items() if target.platform == "gpu"]
+    if args.autotune_results is not None and args.device not in gpus:
+        raise ValueError(f"--autotune-results needs a GPU --device ({', '.join(gpus)}); got {args.device}")
     if args.device not in plan.TARGETS:
-        if args.autotune_results is not None:
-            raise ValueError(
-                f"--autotune-results needs a GPU --device ({', '.join(plan.TARGETS)}); got {args.device}"
-            )
         return None, None
-    missing = plan.gpu_aot_unavailable()
+    missing = plan.aot_unavailable(args.device)
     if missing is None:
         return args.device, None
+    compiler = "XLA:TPU" if plan.TARGETS[args.device].platform == "tpu" else "XLA:GPU"
     if args.autotune_results is not None:
         raise ValueError(f"--autotune-results needs the XLA:GPU compiler: {missing}")
-    return None, f"measured with XLA:CPU, not XLA:GPU: {missing}"
+    return None, f"measured with XLA:CPU, not {compiler}: {missing}"
 
 
 def model_config(
@@ -266,7 +268,7 @@ def check(
         "measured": measured.to_dict(),
         "measured_on": measured.measured_on,
         "notes": notes,
-        "caveat": plan.CPU_CAVEAT if target is None else plan.AUTOTUNE_CAVEAT,
+        "caveat": plan.CPU_CAVEAT if target is None else plan.compile_target(target).caveat,
     }
     if args.json:
         print(json.dumps(result, indent=2))

@@ -66,7 +66,7 @@ from jaxckpt.plan._state import (
     update_workspace,
     widened_bytes,
 )
-from jaxckpt.plan._targets import GpuTarget, gpu_target
+from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -109,11 +109,11 @@ holds one. ``measure`` reports the larger peak of Triton's and cuBLAS's GEMMs, a
 small step that is cuBLAS's, by this workspace."""
 
 
-def _target(target: "str | GpuTarget | None") -> GpuTarget | None:
-    return None if target is None else gpu_target(target)
+def _target(target: "str | Target | None") -> Target | None:
+    return None if target is None else compile_target(target)
 
 
-def layer_working_set(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+def layer_working_set(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """Bytes in flight while one layer runs its backward pass under full remat.
 
     Its recomputed residuals, its weight-gradient slice, one cotangent of width F and
@@ -136,7 +136,7 @@ def layer_working_set(workload: Workload, *, target: "str | GpuTarget | None" = 
     return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile
 
 
-def head_working_set(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+def head_working_set(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """The output head: the fp32 logits the loss reads and their gradient, ``[B, T, V]``
     each; in a 16-bit compute dtype also the logits and their gradient in it. A logit soft
     cap (``config.logits_softcap``) adds the capped logits and their gradient in fp32
@@ -175,7 +175,7 @@ def head_working_set(workload: Workload, *, target: "str | GpuTarget | None" = N
     return head + (gathered if workload.devices > 1 else 0)
 
 
-def unwritten_grads(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+def unwritten_grads(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """Gradient bytes not yet allocated while the head runs its backward pass.
 
     XLA:CPU's peak holds every gradient with the head's working set (0 here). XLA:GPU
@@ -199,13 +199,13 @@ def unwritten_grads(workload: Workload, *, target: "str | GpuTarget | None" = No
     return max(0, trainable_bytes(workload) - head // workload.devices)
 
 
-def head_branch(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+def head_branch(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """The head's side of the activation model's ``max``: its working set, less the gradients
     not yet written while it runs (``predict`` and the solver's budget rows)."""
     return head_working_set(workload, target=target) - unwritten_grads(workload, target=target)
 
 
-def compiler_extras(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+def compiler_extras(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """What a GPU target's step holds beside the model's branches, whatever is saved: one
     cuBLAS workspace and FSDP's transposed shards (``transposed_bytes``); 0 on XLA:CPU."""
     if _target(target) is None:
@@ -214,7 +214,7 @@ def compiler_extras(workload: Workload, *, target: "str | GpuTarget | None" = No
 
 
 def predict(
-    workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
+    workload: Workload, remat: "str | RematSpec", *, target: "str | Target | None" = None
 ) -> Prediction:
     """Predicts one device's memory for a train step from shapes (no compile; ``measure`` is the check).
 

@@ -7,10 +7,16 @@ of ``jaxckpt train --mesh fsdp=D``: the state given as ``ShapeDtypeStruct``s wit
 shardings of ``jaxckpt.train.state_shardings``, the batch split over the devices;
 XLA's memory analysis of an SPMD program describes one device. Nothing is allocated.
 
-With a GPU ``target`` (``plan.TARGETS``) the same step is lowered over that GPU's abstract
-devices (``target_devices``) and compiled by XLA:GPU without one, under
-``plan.deviceless()`` (attention traced for a GPU; no persistent-cache writes), with the
-GEMM emitter ``gemm`` or a real GPU's autotune results.
+With a ``target`` (``plan.TARGETS``) the same step is lowered over that device's abstract
+devices (``target_devices``) and compiled by XLA:GPU or XLA:TPU without one, under
+``plan.deviceless(target)`` (attention traced for its platform; no persistent-cache
+writes); for a GPU with the GEMM emitter ``gemm`` or a real GPU's autotune results.
+
+XLA:TPU checks the program against the chip's HBM while compiling. A step that does not
+fit is an answer, not a crash: ``compile_report`` returns the bytes the compiler says it
+needs, with its message in ``MemoryReport.overflow``. XLA:TPU's ``temp_size_in_bytes``
+leaves out the temporaries it placed in VMEM (``jaxckpt.plan._tpu_targets``), so a TPU
+report's ``temp`` is derived from ``peak_memory_in_bytes``, the figure trusted there.
 
 XLA:CPU's memory analysis counts arguments placed in ``pinned_host`` among the device's
 (``host_argument_size_in_bytes`` stays 0: on CPU they are the same RAM; a deviceless
@@ -30,7 +36,8 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from jaxckpt.plan._state import abstract_train_state, state_bytes, trainable_bytes
-from jaxckpt.plan._targets import CPU, GpuTarget, compiler_options, deviceless, gpu_target, target_devices
+from jaxckpt.plan._targets import CPU, Target, compile_target, compiler_options, deviceless, target_devices
+from jaxckpt.plan._tpu_targets import hbm_overflow
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -44,7 +51,7 @@ from jaxckpt.train import (
 )
 
 
-def _devices(workload: Workload, target: GpuTarget | None) -> list:
+def _devices(workload: Workload, target: Target | None) -> list:
     if target is not None:
         return target_devices(target, workload.devices)
     if workload.devices > len(jax.devices()):
@@ -61,7 +68,7 @@ def compile_step(
     workload: Workload,
     remat: "str | RematSpec",
     *,
-    target: "str | GpuTarget | None" = None,
+    target: "str | Target | None" = None,
     gemm: str = "default",
     autotune_results: str | None = None,
 ) -> jax.stages.Compiled:
@@ -70,11 +77,12 @@ def compile_step(
     Args:
         workload: the step (``plan.Workload``).
         remat: a preset name or ``RematSpec``.
-        target: None compiles with this process's backend (XLA:CPU here); a GPU target
-            name (``plan.TARGETS``) compiles with XLA:GPU for that GPU, without one
-            (the ``gpu-aot`` extra), over ``workload.devices`` of them.
+        target: None compiles with this process's backend (XLA:CPU here); a target
+            name (``plan.TARGETS``) compiles with XLA:GPU (the ``gpu-aot`` extra) or
+            XLA:TPU (``tpu-*``, the ``tpu-aot`` extra) for that device, without one,
+            over ``workload.devices`` of them (a TPU slice of that many).
         gemm: a GPU target's matmul emitter, ``"default"`` or ``"cublas"``
-            (``plan.GEMM_BACKENDS``); ignored for XLA:CPU.
+            (``plan.GEMM_BACKENDS``); ignored for XLA:CPU and XLA:TPU.
         autotune_results: a file of autotune results dumped on a real GPU of the target's
             kind (``--xla_gpu_dump_autotune_results_to``), loaded by XLA:GPU.
 
@@ -85,7 +93,9 @@ def compile_step(
     Raises:
         ValueError: for an unknown target, or more ``workload.devices`` than this
             process has (``target=None``).
-        RuntimeError: when a GPU target is asked for without the ``gpu-aot`` extra.
+        RuntimeError: when a target is asked for without its extra.
+        jax.errors.JaxRuntimeError: ``RESOURCE_EXHAUSTED`` when XLA:TPU finds the step
+            does not fit the chip's HBM (``compile_report`` makes it an answer).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -94,8 +104,9 @@ def compile_step(
         >>> compiled.memory_analysis().temp_size_in_bytes > 0
         True
     """
-    target = None if target is None else gpu_target(target)
-    options = {} if target is None else compiler_options(gemm, autotune_results)
+    target = None if target is None else compile_target(target)
+    gpu = target is not None and target.platform == "gpu"
+    options = compiler_options(gemm, autotune_results) if gpu else {}
     spec = get_remat(remat)
     model, opt = abstract_train_state(workload.config, workload.optimizer)
     model.set_attention(workload.attention)
@@ -123,7 +134,7 @@ def compile_step(
     step = jit_train_step(graphdef, spec, shardings, mesh, masters=workload.optimizer if masters else None)
     if target is None:
         return step.lower(state, tokens).compile()
-    with deviceless():
+    with deviceless(target):
         return step.lower(state, tokens).compile(options)
 
 
@@ -131,7 +142,7 @@ def compile_step(
 def compile_report(
     workload: Workload,
     spec: RematSpec,
-    target: GpuTarget | None = None,
+    target: Target | None = None,
     gemm: str = "default",
     autotune_results: str | None = None,
 ) -> MemoryReport:
@@ -139,13 +150,30 @@ def compile_report(
     (once per process), labelled with the compiler (``measured_on``).
 
     With ``target=None`` this process must have ``workload.devices`` devices
-    (``jaxckpt.plan._sharded`` compiles in a subprocess that has them otherwise).
+    (``jaxckpt.plan._sharded`` compiles in a subprocess that has them otherwise). A TPU
+    step over the chip's HBM comes back with ``overflow`` set (see the module).
     """
-    compiled = compile_step(workload, spec, target=target, gemm=gemm, autotune_results=autotune_results)
+    params, optimizer = state_bytes(workload)
+    labels = dict(
+        params=params,
+        optimizer=optimizer,
+        grads=trainable_bytes(workload),
+        measured_on=CPU if target is None else target.measured_on,
+    )
+    try:
+        compiled = compile_step(workload, spec, target=target, gemm=gemm, autotune_results=autotune_results)
+    except jax.errors.JaxRuntimeError as err:
+        needed = hbm_overflow(err)
+        if needed is None:
+            raise
+        state = params + optimizer + workload.input_bytes  # what the compiler's total counts first
+        overflow = str(err).splitlines()[0]
+        return MemoryReport(state, 0, max(0, needed[0] - state), 0, 0, overflow=overflow, **labels)
     report = memory_report(compiled, device_stats=False)
+    if target is not None and target.platform == "tpu":
+        report = _tpu_peak(report, compiled.memory_analysis())
     host = workload.optimizer.offload
     masters = workload.optimizer.offload_master
-    params, optimizer = state_bytes(workload)
     on_host = (optimizer if host else 0) + (params if masters else 0)
     if on_host and not getattr(compiled.memory_analysis(), "host_argument_size_in_bytes", 0):
         # XLA:CPU (and a deviceless XLA:GPU compile) count host-placed arguments with the device's
@@ -156,10 +184,11 @@ def compile_report(
             alias=report.alias - on_host,
             host_argument=report.host_argument + on_host,
         )
-    return dataclasses.replace(
-        report,
-        params=params,
-        optimizer=optimizer,
-        grads=trainable_bytes(workload),
-        measured_on=CPU if target is None else target.measured_on,
-    )
+    return dataclasses.replace(report, **labels)
+
+
+def _tpu_peak(report: MemoryReport, analysis) -> MemoryReport:
+    """``report`` with ``temp`` such that its peak is XLA:TPU's ``peak_memory_in_bytes``
+    (``temp_size_in_bytes`` leaves out the temporaries placed in VMEM)."""
+    peak = int(analysis.peak_memory_in_bytes)
+    return dataclasses.replace(report, temp=max(report.temp, peak - report.argument - report.output + report.alias))

@@ -6,7 +6,7 @@ from jaxckpt.plan._analytic import Prediction, predict
 from jaxckpt.plan._devices import DevicePreset
 from jaxckpt.plan._layer_graph import layer_graph
 from jaxckpt.plan._specs import saved_tags
-from jaxckpt.plan._targets import GpuTarget
+from jaxckpt.plan._targets import Target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -53,7 +53,7 @@ def step_flops(workload: Workload) -> int:
 
 
 def choice(
-    workload: Workload, remat: "str | RematSpec", *, target: "str | GpuTarget | None" = None
+    workload: Workload, remat: "str | RematSpec", *, target: "str | Target | None" = None
 ) -> Choice:
     """``remat`` with its prediction and per-step recompute FLOPs and offload bytes.
 

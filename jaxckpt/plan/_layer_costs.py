@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 from jaxckpt.attention import PALLAS_MAX_HEAD_DIM, implementations
 from jaxckpt.nn import Activation, LayerKind, Norm, TransformerConfig
-from jaxckpt.plan._targets import GpuTarget, gpu_target
+from jaxckpt.plan._targets import Target, compile_target
 
 
 def materializes_scores(attention: str | None) -> bool:
@@ -33,28 +33,30 @@ def materializes_scores(attention: str | None) -> bool:
 
 
 def attention_implementation(
-    config: TransformerConfig, target: "str | GpuTarget | None" = None, attention: "str | None" = None
+    config: TransformerConfig, target: "str | Target | None" = None, attention: "str | None" = None
 ) -> str:
     """The ``flash_attention`` implementation the layers of ``config`` run when compiled for
     ``target`` (None: XLA:CPU): ``attention`` (the run's, ``Workload.attention``) when set;
     else, as ``implementation=None`` resolves it: on a GPU, cuDNN where it takes the call (a
     16-bit compute dtype, a head dim of at most 128 and a multiple of 8, no logit soft cap, a
     causal or no window), else the Pallas kernel (a head dim up to 256), else blockwise; on
-    XLA:CPU the blockwise kernel.
+    a TPU the Splash kernel (it takes every feature a model uses: causal, windows, soft
+    caps, segment ids); on XLA:CPU the blockwise kernel.
 
     Example:
         >>> from jaxckpt import nn
         >>> cfg = nn.TransformerConfig.preset("tiny", dtype="bfloat16")
         >>> attention_implementation(cfg), attention_implementation(cfg, "h100-80g")
         ('blockwise', 'cudnn')
-        >>> attention_implementation(cfg.replace(dtype="float32"), "h100-80g")
-        'pallas'
+        >>> attention_implementation(cfg.replace(dtype="float32"), "h100-80g"), attention_implementation(cfg, "tpu-v5e")
+        ('pallas', 'splash')
     """
     if attention is not None:
         return attention
     if target is None:
         return "blockwise"
-    gpu_target(target)
+    if compile_target(target).platform == "tpu":
+        return "splash"
     h, windowed = config.head_dim, config.sliding_window is not None and not config.causal
     fits = config.compute_dtype.itemsize == 2 and h <= 128 and h % 8 == 0 and config.attention_softcap is None
     if fits and not (windowed and any(k.sliding for k in config.layer_kinds)):

@@ -43,13 +43,13 @@ from jaxckpt.plan._layer_costs import (
     attention_implementation,
     materializes_scores,
 )
-from jaxckpt.plan._targets import GpuTarget, gpu_target
+from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import Tag
 
 
 def layer_graph(
-    workload: Workload, kind: LayerKind | None = None, *, target: "str | GpuTarget | None" = None
+    workload: Workload, kind: LayerKind | None = None, *, target: "str | Target | None" = None
 ) -> LayerGraph:
     """The graph of one layer of ``workload.config`` on one device: ``[B / D, T]``.
 
@@ -72,7 +72,7 @@ def layer_graph(
         True
     """
     kinds = workload.config.layer_kinds if kind is None else (kind,)
-    target = None if target is None else gpu_target(target)
+    target = None if target is None else compile_target(target)
     config, batch, seq = workload.config, workload.local_batch, workload.seq
     return _layer_graph(config, batch, seq, kinds, target, workload.attention)
 
@@ -236,7 +236,7 @@ def _layer_graph(
     batch: int,
     seq: int,
     kinds: tuple[LayerKind, ...],
-    target: GpuTarget | None = None,
+    target: Target | None = None,
     attention: "str | None" = None,
 ) -> LayerGraph:
     """``layer_graph`` at ``[batch, seq]`` (one device's batch), over the layers of ``kinds``,

@@ -7,7 +7,7 @@ import jax
 
 from jaxckpt.plan._compile import compile_report
 from jaxckpt.plan._sharded import compile_in_subprocess
-from jaxckpt.plan._targets import GEMM_BACKENDS, GpuTarget, gpu_target
+from jaxckpt.plan._targets import GEMM_BACKENDS, Target, compile_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -25,7 +25,7 @@ def measure(
     workload: Workload,
     remat: "str | RematSpec",
     *,
-    target: "str | GpuTarget | None" = None,
+    target: "str | Target | None" = None,
     autotune_results: "str | os.PathLike | None" = None,
 ) -> MemoryReport:
     """Compiles the real train step from abstract inputs and reads XLA's memory analysis.
@@ -47,19 +47,22 @@ def measure(
             ``workload.devices`` of them (the ``gpu-aot`` extra; see ``AUTOTUNE_CAVEAT``).
             Without autotuning the GEMM emitter is a guess, so the step is compiled with
             each of ``GEMM_BACKENDS`` and the larger peak is returned, with both in
-            ``peak_range``.
+            ``peak_range``. A TPU target (``"tpu-v5p"``) compiles once with XLA:TPU over a
+            slice of ``workload.devices`` chips (the ``tpu-aot`` extra; ``TPU_CAVEAT``); a
+            step over the chip's HBM returns what the compiler says it needs, with
+            ``overflow`` set, instead of raising.
         autotune_results: a GPU target's autotune results, dumped on a real GPU of its
             kind: compiled once, with them, instead of bracketing the GEMM emitters.
 
     Returns:
         A ``MemoryReport`` with ``params``, ``optimizer``, ``grads`` and ``measured_on``
-        (``"xla-cpu"`` or ``"xla-gpu:<target>"``) filled in.
+        (``"xla-cpu"``, ``"xla-gpu:<target>"`` or ``"xla-tpu:<generation>"``) filled in.
 
     Raises:
         TypeError: when ``workload`` is not a ``Workload``.
         ValueError: for an unknown remat preset or target, a sequence over ``config.max_len``,
             or ``autotune_results`` without a target.
-        RuntimeError: for a GPU target without the ``gpu-aot`` extra.
+        RuntimeError: for a target without its extra (``gpu-aot``, ``tpu-aot``).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -73,7 +76,11 @@ def measure(
     if autotune_results is not None and target is None:
         raise ValueError("autotune_results are XLA:GPU's: give the GPU target they were dumped for (target=)")
     if target is not None:
-        target = gpu_target(target)
+        target = compile_target(target)
+        if target.platform == "tpu":
+            if autotune_results is not None:
+                raise ValueError(f"autotune_results are XLA:GPU's; target={target.name!r} is a TPU")
+            return compile_report(workload, spec, target)
         if autotune_results is not None:
             return compile_report(workload, spec, target, "default", os.fspath(autotune_results))
         reports = [compile_report(workload, spec, target, gemm) for gemm in GEMM_BACKENDS]

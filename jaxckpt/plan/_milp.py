@@ -20,7 +20,7 @@ from jaxckpt.plan._analytic import compiler_extras, head_branch, layer_working_s
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._state import update_workspace
-from jaxckpt.plan._targets import GpuTarget
+from jaxckpt.plan._targets import Target
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec, Tag
 
@@ -40,7 +40,7 @@ def solve(
     offload: bool = False,
     tags: "Sequence[Tag] | None" = None,
     exclude: "Sequence[RematSpec]" = (),
-    target: "str | GpuTarget | None" = None,
+    target: "str | Target | None" = None,
 ) -> RematSpec | None:
     """The per-layer spec of least cost whose predicted peak is within ``budget`` (exact MILP).
 

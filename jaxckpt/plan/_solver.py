@@ -17,7 +17,7 @@ from jaxckpt.plan._infeasible import held_bytes, infeasible_message, splits
 from jaxckpt.plan._measure import measure
 from jaxckpt.plan._milp import solve
 from jaxckpt.plan._specs import spec_dict, spec_name
-from jaxckpt.plan._targets import GpuTarget, gpu_target
+from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import PRESETS, RematSpec
 from jaxckpt.train import MemoryReport
@@ -122,7 +122,7 @@ def plan_memory(
     device: "str | DevicePreset" = "cpu",
     offload: bool | None = None,
     split_batch: bool = False,
-    target: "str | GpuTarget | None" = None,
+    target: "str | Target | None" = None,
     autotune_results: "str | os.PathLike | None" = None,
 ) -> MemoryPlan:
     """The remat spec of least recompute whose compiled peak fits ``budget`` bytes.
@@ -172,7 +172,7 @@ def plan_memory(
         raise ValueError(f"plan_memory: headroom={headroom!r} must be in [0, 1)")
     device = device_preset(device) if isinstance(device, str) else device
     limit = int(budget * (1 - headroom))
-    target = None if target is None else gpu_target(target)
+    target = None if target is None else compile_target(target)
     compiler = _Compiler(target, autotune_results, target is not None if offload is None else offload)
     try:
         return _plan_whole(workload, budget, limit, device, compiler)
@@ -194,7 +194,7 @@ def plan_memory(
 class _Compiler:
     """The backend a plan is for: its model (``predict``/``choice``) and its measurement."""
 
-    target: GpuTarget | None
+    target: Target | None
     autotune_results: "str | os.PathLike | None"
     offload: bool
 

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from jaxckpt.nn import Transformer, TransformerConfig, trainable
-from jaxckpt.plan._targets import GpuTarget, gpu_target
+from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import OPTIMIZERS, Workload
 from jaxckpt.train import OptimizerConfig, state_shardings
 
@@ -259,7 +259,7 @@ def _widened_bytes(config: TransformerConfig, devices: int) -> int:
     return sum(math.prod(shape) * 4 for dtype, shape, _ in _stack_shards(config, devices) if dtype == WIDENED)
 
 
-def widened_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+def widened_bytes(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """Bytes of XLA:CPU's float32 copies of the layer stacks stored in bfloat16.
 
     XLA:CPU has no bfloat16 kernels: its float normalization runs every bfloat16 op in
@@ -288,7 +288,7 @@ def widened_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None
     stack weights).
     """
     if target is not None:
-        gpu_target(target)
+        compile_target(target)
         return 0
     config = workload.config
     if workload.optimizer.offload_master and config.compute_dtype == WIDENED:
@@ -305,7 +305,7 @@ def _transposed_bytes(config: TransformerConfig, devices: int) -> int:
     return total
 
 
-def transposed_bytes(workload: Workload, *, target: "str | GpuTarget | None" = None) -> int:
+def transposed_bytes(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """Bytes of XLA:GPU's transposed copies of the layer stacks FSDP splits along a minor axis.
 
     XLA:GPU all-gathers along an operand's major dimension. A stack that ``fsdp=D`` splits
@@ -326,7 +326,7 @@ def transposed_bytes(workload: Workload, *, target: "str | GpuTarget | None" = N
     """
     if target is None or workload.devices == 1:
         if target is not None:
-            gpu_target(target)
+            compile_target(target)
         return 0
-    gpu_target(target)
+    compile_target(target)
     return _transposed_bytes(workload.config, workload.devices)

@@ -13,7 +13,7 @@ from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import CPU_CAVEAT
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
-from jaxckpt.plan._targets import AUTOTUNE_CAVEAT, CPU, GpuTarget, gpu_target
+from jaxckpt.plan._targets import CPU, Target, compile_target
 from jaxckpt.plan._workload import Workload, placement, require_workload
 from jaxckpt.remat import PRESETS, has_pinned_host
 
@@ -87,11 +87,12 @@ class PresetTable:
     offload_shown: bool
     device: str | None = None
     model: str | None = None
-    target: GpuTarget | None = None
+    target: Target | None = None
 
     @property
     def measured_on(self) -> str:
-        """The compiler every measured figure comes from: ``"xla-cpu"`` or ``"xla-gpu:<target>"``."""
+        """The compiler every measured figure comes from: ``"xla-cpu"``, ``"xla-gpu:<target>"``
+        or ``"xla-tpu:<generation>"``."""
         return CPU if self.target is None else self.target.measured_on
 
     @property
@@ -122,7 +123,7 @@ class PresetTable:
             "rows": [row.to_dict() for row in self.rows],
             "chosen": None,
             "measured_on": self.measured_on,
-            "caveat": CPU_CAVEAT if self.target is None else AUTOTUNE_CAVEAT,
+            "caveat": CPU_CAVEAT if self.target is None else self.target.caveat,
             "offload_rows": "shown" if self.offload_shown else "omitted: no pinned_host memory here",
             "model": self.model,
             "device": self.device,
@@ -154,7 +155,7 @@ def preset_table(
     device: "str | DevicePreset | None" = None,
     model: str | None = None,
     split_batch: bool = False,
-    target: "str | GpuTarget | None" = None,
+    target: "str | Target | None" = None,
     autotune_results: "str | os.PathLike | None" = None,
 ) -> PresetTable:
     """Every remat preset's predicted bytes and recompute, and ``plan_memory``'s answer.
@@ -186,7 +187,7 @@ def preset_table(
         (True, ['none', 'full'])
     """
     require_workload(workload, "preset_table")
-    target = None if target is None else gpu_target(target)
+    target = None if target is None else compile_target(target)
     preset = device_preset(device) if isinstance(device, str) else device
     name = None if preset is None else preset.name
     chosen, error = None, None

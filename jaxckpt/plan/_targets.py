@@ -94,6 +94,7 @@ class GpuTarget:
     description: str
 
     platform = "gpu"
+    caveat = AUTOTUNE_CAVEAT
 
     @property
     def measured_on(self) -> str:

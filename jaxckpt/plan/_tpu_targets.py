@@ -69,6 +69,7 @@ class TpuTarget:
     cores_per_chip: int = 1
 
     platform = "tpu"
+    caveat = TPU_CAVEAT
 
     @property
     def measured_on(self) -> str:

@@ -22,6 +22,9 @@ class MemoryReport:
     names the compiler the figures come from (``"xla-cpu"``, ``"xla-gpu:h100-80g"``),
     where ``jaxckpt.plan`` knows it; ``peak_range`` the smallest and largest peak of the
     compiles these figures are the largest of (GPU targets: one per GEMM emitter).
+    ``overflow`` is the compiler's out-of-memory error where the program did not compile
+    (XLA:TPU checks HBM while compiling): the figures are then the memory it said it
+    needs, to its message's precision, not a buffer assignment.
 
     Example:
         >>> report = MemoryReport(argument=40, output=8, temp=24, alias=8, host_temp=0)
@@ -41,6 +44,7 @@ class MemoryReport:
     host_argument: int = 0
     measured_on: str | None = None
     peak_range: tuple[int, int] | None = None
+    overflow: str | None = None
 
     @property
     def activations(self) -> int | None:
