@@ -37,7 +37,7 @@ from rich.measure import Measurement
 from jaxckpt import nn, plan, remat
 from jaxckpt.cli._common import add_lora_arguments, add_optimizer_arguments, optimizer_config
 from jaxckpt.cli._flags import FLAGS, flag_message
-from jaxckpt.cli._plan_table import attempts_line, chosen_line, compiler_label, table
+from jaxckpt.cli._plan_table import attempts_line, chosen_line, compiler_label, roofline_line, table
 
 PARAM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"} | {d: d for d in nn.DTYPES}
 """``--param-dtype`` spelling -> ``TransformerConfig.param_dtype``."""
@@ -103,8 +103,8 @@ def add_parser(sub) -> None:
         type=int,
         default=1,
         help="plan per device for FSDP over this many devices (jaxckpt train --mesh fsdp=N); the batch "
-        "is split over them and every candidate is compiled over N devices (a GPU --device's, a TPU slice of N chips, or "
-        "simulated CPU devices)",
+        "is split over them and every candidate is compiled over N devices (a GPU --device's, a TPU "
+        "slice of N chips, or simulated CPU devices)",
     )
     add_optimizer_arguments(p, loss_scale=False)
     p.add_argument(
@@ -245,6 +245,9 @@ def run(args: argparse.Namespace) -> int:
             label = compiler_label(result["measured_on"])
             console.print(chosen_line(result["chosen"], result["config"], label))
             console.print(attempts_line(result["attempts"], label))
+            estimate = roofline_line(result["chosen"], args.device, label) if args.device else None
+            if estimate:
+                console.print(estimate)
     if answer.error is not None:
         print(f"jaxckpt plan: {result['error']}", file=sys.stderr)
         return 1

@@ -71,12 +71,18 @@ def table(result: dict) -> Table:
             f"x{chosen['micro_batches']} micro-batches (--split-batch: the whole batch fits no spec)"
         )
     notes.append(f"{compiler_label(result['measured_on'])} peaks were {result['caveat']}")
+    estimated = all(r.get("estimated_seconds") is not None for r in result["rows"])
+    if estimated:
+        notes.append(
+            f"est. step: the step's FLOPs with its recompute at {result['device']}'s peak rate, plus its "
+            "offload traffic: an estimate, compute-bound, nothing ran"
+        )
     caption = ". ".join(n[0].upper() + n[1:] for n in notes) + "."
     t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
     t.add_column("remat", justify="left")
     for header, _ in _SIZE_COLUMNS:
         t.add_column(header, justify="right")
-    for header in ("fits", "recompute", "measured"):
+    for header in ("fits", "recompute", *(["est. step"] if estimated else []), "measured"):
         t.add_column(header, justify="right")
     for r in result["rows"]:
         is_chosen = chosen is not None and r["remat"] == chosen["remat"]
@@ -85,10 +91,30 @@ def table(result: dict) -> Table:
             *(plan.format_bytes(r[key]) for _, key in _SIZE_COLUMNS),
             "yes" if r["fits"] else "no",
             _percent(r["recompute_fraction"]),
+            *([_duration(r["estimated_seconds"])] if estimated else []),
             plan.format_bytes(chosen["measured_bytes"]) if is_chosen else "",
             style="bold" if is_chosen else None,
         )
     return t
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g} µs"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def roofline_line(chosen: dict, device: str, label: str) -> str | None:
+    """The chosen step's FLOPs and bytes from the compiler's cost analysis, and their roofline
+    time on ``device`` (an estimate: the step never ran); None without them."""
+    if chosen.get("roofline_seconds") is None:
+        return None
+    flops, moved = chosen["measured_flops"], chosen["measured_bytes_accessed"]
+    return (
+        f"  estimate ({label} cost analysis; never ran): {flops / 1e12:.3g} TFLOP and "
+        f"{plan.format_bytes(moved)} accessed per step, roofline {_duration(chosen['roofline_seconds'])} "
+        f"on {device}"
+    )
 
 
 def _percent(fraction: float) -> str:

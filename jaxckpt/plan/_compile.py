@@ -169,7 +169,7 @@ def compile_report(
         state = params + optimizer + workload.input_bytes  # what the compiler's total counts first
         overflow = str(err).splitlines()[0]
         return MemoryReport(state, 0, max(0, needed[0] - state), 0, 0, overflow=overflow, **labels)
-    report = memory_report(compiled, device_stats=False)
+    report = dataclasses.replace(memory_report(compiled, device_stats=False), **_cost(compiled))
     if target is not None and target.platform == "tpu":
         report = _tpu_peak(report, compiled.memory_analysis())
     host = workload.optimizer.offload
@@ -187,8 +187,19 @@ def compile_report(
     return dataclasses.replace(report, **labels)
 
 
+def _cost(compiled: jax.stages.Compiled) -> dict:
+    """The compiler's FLOPs and bytes accessed of the whole program (``cost_analysis()``),
+    None where it has none (a deviceless XLA:GPU compile returns none)."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) and cost else cost  # one dict per program in older jax
+    if not cost:
+        return {"flops": None, "bytes_accessed": None}
+    return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
 def _tpu_peak(report: MemoryReport, analysis) -> MemoryReport:
     """``report`` with ``temp`` such that its peak is XLA:TPU's ``peak_memory_in_bytes``
     (``temp_size_in_bytes`` leaves out the temporaries placed in VMEM)."""
     peak = int(analysis.peak_memory_in_bytes)
-    return dataclasses.replace(report, temp=max(report.temp, peak - report.argument - report.output + report.alias))
+    temp = peak - report.argument - report.output + report.alias
+    return dataclasses.replace(report, temp=max(report.temp, temp))

@@ -32,6 +32,38 @@ class Choice:
         """Recompute time at the device's matmul rate plus offload traffic at its host bandwidth."""
         return self.recompute_flops / device.flops + self.transfer_bytes / device.host_bandwidth
 
+    def step_seconds(self, device: DevicePreset, step_flops: int) -> float:
+        """An estimate of the whole step's time: its FLOPs (``step_flops`` plus the
+        recompute) at the device's peak matmul rate, plus the offload traffic at its host
+        link. Compute-bound and at peak: a floor to compare specs by, not a forecast.
+
+        Example:
+            >>> from jaxckpt import nn, plan
+            >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
+            >>> v5e, step = plan.DEVICES["tpu-v5e"], plan.step_flops(w)
+            >>> full, none = plan.choice(w, "full"), plan.choice(w, "none")
+            >>> full.step_seconds(v5e, step) > none.step_seconds(v5e, step)
+            True
+        """
+        flops = step_flops + self.recompute_flops
+        return flops / device.flops + self.transfer_bytes / device.host_bandwidth
+
+
+def roofline_seconds(flops: float, bytes_accessed: float, device: DevicePreset) -> float:
+    """The roofline time of a program: the longer of its FLOPs at the device's peak matmul
+    rate and its memory traffic at the device's HBM bandwidth (``DevicePreset.flops``,
+    ``hbm_bandwidth``). Fed with a compiler's ``cost_analysis()`` (``MemoryReport.flops``,
+    ``bytes_accessed``) it is an estimate of a step that never ran: a lower bound that
+    ignores overlap, launch and collective time.
+
+    Example:
+        >>> from jaxckpt import plan
+        >>> v5e = plan.DEVICES["tpu-v5e"]
+        >>> plan.roofline_seconds(197e12, 0, v5e), plan.roofline_seconds(1e9, 819e9, v5e)
+        (1.0, 1.0)
+    """
+    return max(flops / device.flops, bytes_accessed / device.hbm_bandwidth)
+
 
 def step_flops(workload: Workload) -> int:
     """FLOPs of one device's share of a train step without remat: forward + backward (twice
@@ -52,9 +84,7 @@ def step_flops(workload: Workload) -> int:
     return workload.micro_batches * (config.n_layers * layer + (2 if config.lora else 3) * head)
 
 
-def choice(
-    workload: Workload, remat: "str | RematSpec", *, target: "str | Target | None" = None
-) -> Choice:
+def choice(workload: Workload, remat: "str | RematSpec", *, target: "str | Target | None" = None) -> Choice:
     """``remat`` with its prediction and per-step recompute FLOPs and offload bytes.
 
     ``target``: the compiler predicted for (``predict(target=)``; None: XLA:CPU).

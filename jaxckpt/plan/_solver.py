@@ -109,6 +109,9 @@ class MemoryPlan:
             "recompute_flops": self.recompute_flops,
             "devices": self.devices,
         }
+        if self.measured.flops is not None:  # the compiler's cost analysis of the spec's step
+            m = self.measured
+            out |= {"measured_flops": m.flops, "measured_bytes_accessed": m.bytes_accessed}
         if self.workload is not None:
             out |= {"batch": self.workload.batch, "micro_batches": self.workload.micro_batches}
         return out

@@ -8,7 +8,7 @@ planner's answer (or its ``BudgetError``) and every spec it compiled on the way.
 import dataclasses
 import os
 
-from jaxckpt.plan._cost import Choice, choice, step_flops
+from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops
 from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import CPU_CAVEAT
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
@@ -34,6 +34,8 @@ class PresetRow:
     choice: Choice
     fits: bool
     recompute_fraction: float
+    estimated_seconds: float | None = None
+    """``Choice.step_seconds`` on the table's device (None: no device named)."""
 
     def to_dict(self) -> dict:
         """The row as ``jaxckpt plan --json`` writes it."""
@@ -48,6 +50,7 @@ class PresetRow:
             "fits": self.fits,
             "recompute_flops": int(self.choice.recompute_flops),
             "recompute_fraction": self.recompute_fraction,
+            "estimated_seconds": self.estimated_seconds,
         }
 
 
@@ -134,6 +137,9 @@ class PresetTable:
         c = self.chosen
         spec = {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(c.spec).items()}
         result["chosen"] = {**c.to_dict(), "spec": spec, "predicted_bytes": int(c.predicted.total)}
+        if self.device is not None and c.measured.flops is not None:  # an estimate: nothing ran
+            m, chip = c.measured, device_preset(self.device)
+            result["chosen"]["roofline_seconds"] = roofline_seconds(m.flops, m.bytes_accessed, chip)
         result["attempts"] = [  # every spec the planner compiled, in order
             {
                 "remat": spec_name(s),
@@ -207,10 +213,10 @@ def preset_table(
     step = step_flops(workload)
     offload = target is not None or has_pinned_host()
     names = [n for n in PRESETS if offload or not PRESETS[n].offload]
-    rows = [_row(n, choice(workload, n, target=target), limit, step) for n in names]
+    rows = [_row(n, choice(workload, n, target=target), limit, step, preset) for n in names]
     if chosen is not None and chosen.remat not in names:
         c = Choice(chosen.spec, chosen.predicted, chosen.recompute_flops, 0)
-        rows.append(_row(chosen.remat, c, limit, step))
+        rows.append(_row(chosen.remat, c, limit, step, preset))
     if chosen is not None:  # both predicted: the planner's full-remat figure and the rows'
         minimum = min([int(chosen.minimum_bytes)] + [int(r.choice.predicted.total) for r in rows])
         source = "predicted"
@@ -222,5 +228,6 @@ def preset_table(
     )  # fmt: skip
 
 
-def _row(name: str, c: Choice, limit: int, step: int) -> PresetRow:
-    return PresetRow(name, c, int(c.predicted.total) <= limit, c.recompute_flops / step)
+def _row(name: str, c: Choice, limit: int, step: int, device: DevicePreset | None) -> PresetRow:
+    seconds = None if device is None else c.step_seconds(device, step)
+    return PresetRow(name, c, int(c.predicted.total) <= limit, c.recompute_flops / step, seconds)

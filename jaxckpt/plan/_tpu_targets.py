@@ -117,8 +117,8 @@ def tpu_aot_unavailable() -> str | None:
     """
     if importlib.util.find_spec("libtpu") is None:
         return (
-            'libtpu (the XLA:TPU compiler) is not installed; install the extra: pip install "jaxckpt[tpu-aot]" '
-            f'(jax[tpu]=={jax.__version__})'
+            "libtpu (the XLA:TPU compiler) is not installed; install the extra: "
+            f'pip install "jaxckpt[tpu-aot]" (jax[tpu]=={jax.__version__})'
         )
     try:
         tpu_topology(TPU_TARGETS["tpu-v5e"], 1)

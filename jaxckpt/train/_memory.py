@@ -22,6 +22,9 @@ class MemoryReport:
     names the compiler the figures come from (``"xla-cpu"``, ``"xla-gpu:h100-80g"``),
     where ``jaxckpt.plan`` knows it; ``peak_range`` the smallest and largest peak of the
     compiles these figures are the largest of (GPU targets: one per GEMM emitter).
+    ``flops`` and ``bytes_accessed`` are the compiler's ``cost_analysis()`` of the program
+    (where ``jaxckpt.plan`` compiled it; None otherwise): what a roofline estimate of its
+    time reads (``jaxckpt.plan.roofline_seconds``).
     ``overflow`` is the compiler's out-of-memory error where the program did not compile
     (XLA:TPU checks HBM while compiling): the figures are then the memory it said it
     needs, to its message's precision, not a buffer assignment.
@@ -45,6 +48,8 @@ class MemoryReport:
     measured_on: str | None = None
     peak_range: tuple[int, int] | None = None
     overflow: str | None = None
+    flops: float | None = None
+    bytes_accessed: float | None = None
 
     @property
     def activations(self) -> int | None:
