@@ -7,6 +7,7 @@ from jaxckpt.attention._jax_nn import JAX_NN_FEATURES, jax_nn_attention
 from jaxckpt.attention._reference import reference_normalized
 from jaxckpt.attention._registry import features_used, implementations, lookup, register_implementation
 from jaxckpt.attention._signature import entry_point
+from jaxckpt.attention._splash import SPLASH_FEATURES, splash_attention, splash_fits, splash_note
 from jaxckpt.attention._validate import AttentionInputs
 from jaxckpt.attention.pallas import pallas_attention, pallas_fits, pallas_note
 
@@ -25,16 +26,43 @@ register_implementation(
     unavailable=cudnn_unavailable,
 )
 register_implementation("pallas", pallas_attention, note=pallas_note)
+register_implementation("splash", splash_attention, supports=SPLASH_FEATURES, note=splash_note)
+
+MANUAL_PARTITIONING = frozenset({"splash"})
+"""Implementations whose kernel XLA cannot partition over a mesh (a Mosaic TPU kernel):
+a sharded caller runs them inside ``jax.shard_map`` (``jaxckpt.nn``'s attention does)."""
 
 
 def _auto(p: AttentionInputs) -> str:
     """``implementation=None``: on a GPU, cuDNN where it accepts the call, else the Pallas
-    kernel where it does (a head dim up to 256), else blockwise; elsewhere blockwise."""
+    kernel where it does (a head dim up to 256), else blockwise; on a TPU the Splash
+    kernel where it supports every feature the call uses, else blockwise; elsewhere
+    blockwise."""
     if cudnn_fits(p) and features_used(p) <= implementations()["cudnn"].supports:
         return "cudnn"
     if pallas_fits(p):
         return "pallas"
+    if splash_fits(p):
+        return "splash"
     return "blockwise"
+
+
+def resolve_implementation(inputs: AttentionInputs, implementation: str | None = None) -> str:
+    """The implementation ``flash_attention(..., implementation=implementation)`` runs for
+    ``inputs`` (canonical, from :func:`normalize`), checked as the call would check it.
+
+    Raises:
+        ValueError, NotImplementedError: as ``flash_attention`` would.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxckpt.attention import compiling_for, normalize, resolve_implementation
+        >>> p = normalize(jnp.ones((1, 8, 2, 16)), jnp.ones((1, 8, 1, 16)), jnp.ones((1, 8, 1, 16)))
+        >>> with compiling_for("tpu"):
+        ...     resolve_implementation(p), resolve_implementation(p._replace(bias=jnp.zeros((1, 1, 8, 8))))
+        ('splash', 'blockwise')
+    """
+    return lookup(implementation or _auto(inputs), inputs).name
 
 
 # The public signature (the contract's, from normalize, + these two + return_residual)
@@ -70,11 +98,16 @@ def flash_attention(inputs: AttentionInputs, *, block_sizes, implementation):
             position in (``jax.random.fold_in(rng, jax.lax.axis_index("tp"))``) for
             masks that differ across shards.
         block_sizes: :class:`BlockSizes` for the blockwise and Pallas kernels (on a
-            GPU the Pallas kernel takes powers of two >= 16; None: its tuned table).
+            GPU the Pallas kernel takes powers of two >= 16; None: its tuned table; the
+            Splash kernel rounds each up to a multiple of 128).
         implementation: None (auto: on a GPU cuDNN where it applies, else "pallas",
-            else "blockwise"; elsewhere "blockwise"), "blockwise", "pallas" (Triton on a
-            GPU, the Pallas interpreter elsewhere), "reference", "xla" (jax.nn),
-            "cudnn", or a name added by ``register_implementation``.
+            else "blockwise"; on a TPU "splash" unless the call uses bias, mask or
+            dropout, then "blockwise"; elsewhere "blockwise"), "blockwise", "pallas"
+            (Triton on a GPU, the Pallas interpreter elsewhere), "splash" (JAX's Splash
+            attention kernel: Mosaic on a TPU, the Pallas interpreter elsewhere; causal,
+            windows, segment ids, lengths, soft cap, GQA/MQA; on a sharded TPU mesh call
+            it inside ``jax.shard_map`` with ``check_vma=False``), "reference", "xla"
+            (jax.nn), "cudnn", or a name added by ``register_implementation``.
         return_residual: also return the fp32 log-sum-exp ``[B, T, N]`` (not
             differentiated, as in jax.nn).
 
