@@ -50,11 +50,12 @@ docs: setup
 	$(VENV)/bin/mkdocs serve
 
 # The edit loop, at most 3 minutes with the compile cache warm: no `slow` test (2 s or more
-# warm: the notebooks, the fault and kill rounds, the CLI runs) and no `gpu_compile` test (the
-# deviceless XLA:GPU compiles, which the persistent cache does not keep). No doctests either:
+# warm: the notebooks, the fault and kill rounds, the CLI runs) and no `gpu_compile` or
+# `tpu_compile` test (the deviceless XLA:GPU and XLA:TPU compiles, which the persistent cache
+# does not keep). No doctests either:
 # they are examples. `make test` runs every one of them.
 test-fast: lint
-	$(PYTEST) -m "not slow and not gpu_compile" tests
+	$(PYTEST) -m "not slow and not gpu_compile and not tpu_compile" tests
 
 # The XLA FFI attention library of npu_backend (npu_backend/ffi/build/). Rebuilds only when
 # its sources change; with no C++ compiler it says so and exits 0 (the FFI tests then skip).

@@ -150,7 +150,8 @@ def gpu_target(name: "str | GpuTarget") -> GpuTarget:
     if isinstance(name, GpuTarget):
         return name
     if name not in GPU_TARGETS:
-        raise ValueError(f"target={name!r} is not a GPU compile target; valid: {', '.join(GPU_TARGETS)}")
+        valid = ", ".join(GPU_TARGETS)
+        raise ValueError(f"target={name!r} is not a GPU compile target; valid targets: {valid}")
     return GPU_TARGETS[name]
 
 

@@ -133,13 +133,19 @@ def tpu_topology(target: TpuTarget, devices: int):
 
     libtpu reads the TPU host's environment when it starts; on a machine that is not a TPU
     host it would print warnings for what is missing, so the defaults of a one-host slice
-    are set first (``TPU_WORKER_HOSTNAMES=localhost`` and the accelerator type).
+    are set first (``TPU_WORKER_HOSTNAMES=localhost`` and the accelerator type). libtpu also
+    takes a lock file that lets one process on the machine have the chips; a compile-only
+    topology has none, so where this process runs no TPU backend the lock is skipped
+    (``ALLOW_MULTIPLE_LIBTPU_LOAD=1``), else a second process, such as a second test
+    worker, could not compile for a TPU at the same time.
     """
     from jax.experimental import topologies
 
     shape = target.slice_shape(devices)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")  # any valid type; the topology is named
+    if jax.default_backend() != "tpu":
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         return topologies.get_topology_desc(
             platform="tpu",
