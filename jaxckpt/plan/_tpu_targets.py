@@ -156,22 +156,47 @@ def tpu_topology(target: TpuTarget, devices: int):
         raise RuntimeError(f"could not make a {target.name} topology of {devices} devices: {err}") from err
 
 
-_OVERFLOW = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)")
+_SIZE = r"([\d.]+)([KMGT]?)"
+_TOTAL_OVER = re.compile(rf"HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
+"""Over before buffer assignment: the program's total (arguments included) against the HBM."""
+_EXCEEDED = re.compile(rf"Used {_SIZE} of {_SIZE} hbm\. Exceeded hbm capacity by {_SIZE}")
+"""Over after memory-space assignment: the HBM used, the HBM there is, and the excess."""
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": GiB, "T": 2**40}
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * _UNITS[unit])
 
 
 def hbm_overflow(err: BaseException) -> tuple[int, int] | None:
     """``(needed, available)`` bytes when ``err`` is XLA:TPU's out-of-HBM compile error
-    (to the message's 2 decimals of a GiB), else None.
+    (to the message's 2 decimals), else None. Both are the program's bytes (arguments,
+    outputs, temporaries), the runtime's reserve left out: comparable with
+    ``peak_memory_in_bytes`` and with the usable HBM of ``plan.DEVICES``.
+
+    XLA:TPU says it in one of two ways: before buffer assignment, when the sum is over
+    (``the total memory required for HLO temporaries (22.50G) exceeds available HBM
+    (15.75G)``), or after memory-space assignment, with its report (``Used 15.75G of 15.75G
+    hbm. Exceeded hbm capacity by 6.14M.``, then the reserve, program and arguments, and the
+    fragmentation of the temporaries).
 
     Example:
         >>> err = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
         ...                    "required for HLO temporaries (22.50G) exceeds available HBM (15.75G).")
         >>> [round(b / 2**30, 2) for b in hbm_overflow(err)]
         [22.5, 15.75]
+        >>> err = RuntimeError("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: ... Used 15.75G of "
+        ...                    "15.75G hbm. Exceeded hbm capacity by 512.00M.")
+        >>> [round(b / 2**30, 2) for b in hbm_overflow(err)]
+        [16.25, 15.75]
     """
-    found = _OVERFLOW.search(str(err))
-    if "RESOURCE_EXHAUSTED" not in str(err) or found is None:
+    text = str(err)
+    if "RESOURCE_EXHAUSTED" not in text:
         return None
-    need, need_unit, have, have_unit = found.groups()
-    return int(float(need) * _UNITS[need_unit]), int(float(have) * _UNITS[have_unit])
+    if found := _TOTAL_OVER.search(text):
+        need, need_unit, have, have_unit = found.groups()
+        return _bytes(need, need_unit), _bytes(have, have_unit)
+    if found := _EXCEEDED.search(text):
+        _, _, have, have_unit, over, over_unit = found.groups()
+        return _bytes(have, have_unit) + _bytes(over, over_unit), _bytes(have, have_unit)
+    return None
