@@ -1,12 +1,12 @@
 """Attention kernels: pure array functions.
 
 ``flash_attention`` (blockwise FlashAttention-2 with a custom VJP, and the same
-algorithm as a Pallas kernel: Triton on a GPU),
+algorithm as a Pallas kernel: Triton on a GPU; JAX's Splash kernel on a TPU),
 ``attention_reference`` (naive fp32 ground truth), the mask predicate, dropout,
 and the implementation registry that backends such as ``npu_backend`` plug into.
 """
 
-from jaxckpt.attention._api import flash_attention
+from jaxckpt.attention._api import MANUAL_PARTITIONING, flash_attention, resolve_implementation
 from jaxckpt.attention._autotune import autotune_pallas_blocks
 from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._dropout import dropout_mask
@@ -31,6 +31,7 @@ from jaxckpt.attention.pallas import (
 
 __all__ = [
     "FEATURES",
+    "MANUAL_PARTITIONING",
     "PALLAS_MAX_HEAD_DIM",
     "PLATFORMS",
     "AttentionInputs",
@@ -51,5 +52,6 @@ __all__ = [
     "pallas_blocks",
     "platform",
     "register_implementation",
+    "resolve_implementation",
     "set_pallas_blocks",
 ]

@@ -153,9 +153,9 @@ def _segment_ids(cfg: _Config, arrays: MaskArrays) -> sk.SegmentIds | None:
         rank = jax.vmap(jnp.searchsorted)
         q_ids, kv_ids = rank(ranks, q_ids).astype(jnp.int32), rank(ranks, kv_ids).astype(jnp.int32)
     if arrays.q_lengths is not None:
-        q_ids = jnp.where(jnp.arange(cfg.t) < arrays.q_lengths[:, None], q_ids, -1)
+        q_ids = jnp.where(jnp.arange(cfg.t)[None, :] < arrays.q_lengths[:, None], q_ids, -1)
     if arrays.kv_lengths is not None:
-        kv_ids = jnp.where(jnp.arange(cfg.s) < arrays.kv_lengths[:, None], kv_ids, -2)
+        kv_ids = jnp.where(jnp.arange(cfg.s)[None, :] < arrays.kv_lengths[:, None], kv_ids, -2)
     # padding: padded keys are masked statically, padded rows are cut, so any id does
     return sk.SegmentIds(q=_pad_ids(q_ids, cfg.tp), kv=_pad_ids(kv_ids, cfg.sp))
 

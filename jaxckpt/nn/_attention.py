@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
 
-from jaxckpt.attention import flash_attention
-from jaxckpt.nn._activation_sharding import constrain
+from jaxckpt.attention import MANUAL_PARTITIONING, flash_attention, normalize, resolve_implementation
+from jaxckpt.nn._activation_sharding import _ACTIVE, constrain
 from jaxckpt.nn._choices import LayerKind, Positions, RopeKind
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._kv_cache import LayerCache
@@ -19,6 +20,21 @@ from jaxckpt.remat import Tag
 
 FULL = LayerKind()
 """The kind of a layer of a uniform stack: full attention, RoPE when the config has it."""
+
+
+def _shard_mapped(attend, args: tuple, mesh, rules: dict) -> jax.Array:
+    """``attend(*args)`` inside ``jax.shard_map`` over the active activation-sharding mesh:
+    for a kernel XLA cannot partition (a Mosaic TPU kernel, e.g. ``implementation="splash"``).
+
+    q/k/v ``[B, T, heads, H]`` are split as the rules split ``batch`` and ``heads``, the
+    segment ids ``[B, T]`` as ``batch``; each device attends over whole sequences of its
+    batch rows. ``check_vma=False``: under ``jax.grad`` the kernel's custom call fails the
+    varying-axes check (JAX 0.10).
+    """
+    batch, heads = rules.get("batch"), rules.get("heads")
+    spec = PartitionSpec(batch, None, heads, None)
+    specs = (spec, spec, spec, PartitionSpec(batch, None))[: len(args)]
+    return jax.shard_map(attend, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
 
 
 class Attention(nnx.Module):
@@ -100,18 +116,26 @@ class Attention(nnx.Module):
 
     def _attend(self, q, key, value, window, segment_ids=None, mask=None) -> jax.Array:
         cfg = self.config
-        return flash_attention(
-            q,
-            key,
-            value,
+        options = dict(
             mask=mask,
             scale=cfg.attention_scale,
             is_causal=cfg.causal and mask is None,
             local_window_size=window if mask is None else None,
-            segment_ids=segment_ids,
             logits_soft_cap=cfg.attention_softcap,
-            implementation=self.implementation,
         )
+        attend = lambda q, key, value, *seg: flash_attention(
+            q, key, value, segment_ids=seg[0] if seg else None, implementation=self.implementation, **options
+        )
+        args = (q, key, value) if segment_ids is None else (q, key, value, segment_ids)
+        active = _ACTIVE.get()
+        if active is None:
+            return attend(*args)
+        name = resolve_implementation(
+            normalize(*args[:3], segment_ids=segment_ids, **options), self.implementation
+        )
+        if name not in MANUAL_PARTITIONING:
+            return attend(*args)
+        return _shard_mapped(attend, args, *active)
 
     def _project(self, x: jax.Array, dropout_key=None) -> tuple[jax.Array, jax.Array, jax.Array]:
         """q ``[B, T, N, H]``, k and v ``[B, T, K, H]``, tagged, q/k-normed when configured."""
