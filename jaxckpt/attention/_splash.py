@@ -278,8 +278,9 @@ def splash_attention(p: AttentionInputs, block_sizes: BlockSizes | None = None):
     if any(varying_axes(x) for x in jax.tree.leaves((p.query, p.key, p.value, p.arrays))):
         raise NotImplementedError(
             "implementation='splash' cannot run inside jax.shard_map with check_vma=True (JAX "
-            f"{jax.__version__}: the kernel's residuals carry no varying-axes type). Pass "
-            "check_vma=False to jax.shard_map, or use implementation='blockwise'."
+            f"{jax.__version__}: the Splash kernel's pallas_call declares its outputs with no "
+            "varying mesh axes). Pass check_vma=False to jax.shard_map, or use "
+            "implementation='blockwise'."
         )
     m = p.static.mask
     block_q, tp = _block(m.t, None if block_sizes is None else block_sizes.block_q)

@@ -102,6 +102,19 @@ def test_every_feature_compiles_forward_and_backward(target, k_heads):
     assert not re.search(rf"\[[\d,]*{T},{S}[\d,]*\]", compiled.as_text()), "a [T, S] buffer in the HLO"
 
 
+def test_shard_map_with_check_vma_is_refused_with_the_fix():
+    """Splash's pallas_call gives its outputs no varying-axes type, which check_vma=True
+    rejects (forward and grad, checked compiling for TPU v5e); check_vma=False runs."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    spec = P(None, None, "x")
+    attend = lambda q, k, v: jaxckpt.flash_attention(q, k, v, is_causal=True, implementation="splash")
+    q = jnp.ones((1, 8, 2, 16))
+    with pytest.raises(NotImplementedError, match="check_vma=False"):
+        jax.eval_shape(jax.shard_map(attend, mesh=mesh, in_specs=spec, out_specs=spec), q, q, q)
+    unchecked = jax.shard_map(attend, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    assert jax.eval_shape(unchecked, q, q, q).shape == q.shape
+
+
 # --- what the kernel lacks: refused by name, and blockwise under implementation=None -----------
 
 UNSUPPORTED = {  # feature -> its arguments, arrays made by `sd(shape, dtype)`
