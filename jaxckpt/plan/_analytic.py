@@ -109,8 +109,25 @@ holds one. ``measure`` reports the larger peak of Triton's and cuBLAS's GEMMs, a
 small step that is cuBLAS's, by this workspace."""
 
 
+VMEM_SCRATCH = 112 * 2**20
+"""Bytes of the VMEM scratch XLA:TPU's memory-space assignment fills with temporaries
+(memory space 1: ``allocation: size 117440512, color 1, preallocated-temp`` in the buffer
+assignment of ``tiny`` and ``small`` steps for v5e, of its 128 MiB of VMEM), which
+``measure`` counts in the step's temporaries (``temp_size_in_bytes``)."""
+
+
 def _target(target: "str | Target | None") -> Target | None:
     return None if target is None else compile_target(target)
+
+
+def on_tpu(target: "str | Target | None") -> bool:
+    """Whether ``target`` is a TPU (``plan.TARGETS``' ``tpu-*``: XLA:TPU's mechanisms).
+
+    Example:
+        >>> on_tpu("tpu-v5e"), on_tpu("h100-80g"), on_tpu(None)
+        (True, False, False)
+    """
+    return target is not None and compile_target(target).platform == "tpu"
 
 
 def layer_working_set(workload: Workload, *, target: "str | Target | None" = None) -> int:
@@ -210,6 +227,8 @@ def compiler_extras(workload: Workload, *, target: "str | Target | None" = None)
     cuBLAS workspace and FSDP's transposed shards (``transposed_bytes``); 0 on XLA:CPU."""
     if _target(target) is None:
         return 0
+    if on_tpu(target):
+        return VMEM_SCRATCH + transposed_bytes(workload, target=target)
     return GEMM_WORKSPACE + transposed_bytes(workload, target=target)
 
 

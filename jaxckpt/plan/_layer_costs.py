@@ -66,6 +66,23 @@ def attention_implementation(
     return "pallas" if h <= PALLAS_MAX_HEAD_DIM else "blockwise"
 
 
+LANES = 128
+"""XLA:TPU's lane width: an array's minor dimension is tiled by 128 (``T(8,128)``, bf16
+``T(8,128)(2,1)``), so a minor dimension under it is padded to it (``lane_padded``)."""
+
+
+def lane_padded(width: int) -> int:
+    """``width`` rounded up to whole 128-lane tiles: what XLA:TPU allocates for a minor
+    dimension of ``width`` (read off its buffer assignment: ``tiny``'s saved queries
+    ``bf16[4,8,1024,4,32]{4,2,3,1,0:T(8,128)(2,1)}`` take 32 MiB for 8 MiB of values).
+
+    Example:
+        >>> lane_padded(32), lane_padded(128), lane_padded(200)
+        (128, 128, 256)
+    """
+    return -(-width // LANES) * LANES
+
+
 NORM_FLOPS = 5
 """Forward FLOPs per normalised element (square, mean, rsqrt, scale, product)."""
 

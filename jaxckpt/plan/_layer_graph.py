@@ -41,6 +41,7 @@ from jaxckpt.plan._layer_costs import (
     NORM_RESIDUALS,
     attention_flops,
     attention_implementation,
+    lane_padded,
     materializes_scores,
 )
 from jaxckpt.plan._targets import Target, compile_target
@@ -79,9 +80,11 @@ def layer_graph(
 
 @dataclasses.dataclass
 class _Parts:
-    """A layer graph under construction (for XLA:GPU's fusions when ``gpu``)."""
+    """A layer graph under construction (for XLA:GPU's and XLA:TPU's fusions when ``gpu``,
+    XLA:TPU's tiled layouts when ``tpu``)."""
 
     gpu: bool = False
+    tpu: bool = False
     values: list[Value] = dataclasses.field(default_factory=list)
     ops: list[Op] = dataclasses.field(default_factory=list)
     reads: set[str] = dataclasses.field(default_factory=set)
@@ -151,8 +154,10 @@ def _norm(
     kept, keeps_input = NORM_RESIDUALS[cfg.norm](itemsize, rows, width)
     parts.internals += kept
     # a recomputed backward holds the row statistics and, on XLA:CPU, the fp32 normalised
-    # input (XLA:GPU recomputes it inside the fusions that read it)
-    parts.held += 2 * rows * 4 + (0 if parts.gpu else rows * width * 4)
+    # input (XLA:GPU recomputes it inside the fusions that read it); XLA:TPU keeps one
+    # statistic a row, f32[rows, 1] laid out over a whole 128-lane tile
+    stats = rows * 4 * lane_padded(1) if parts.tpu else 2 * rows * 4
+    parts.held += stats + (0 if parts.gpu else rows * width * 4)
     parts.reads.add(src)
     if not keeps_input:
         parts.unkept.add(src)
@@ -180,9 +185,16 @@ def _attention(
         parts.ops.append(Op("rope", (q, k), ("qr", "kr"), round(flops * sum(roped) / len(roped))))
         parts.internals += 4 * seq * cfg.rotary_dim * 4  # the broadcast cos / sin tables, fp32
         q, k = "qr", "kr"
+    if parts.tpu and h % 128:  # the kernel's per-head operands, head_dim minor: lane-padded
+        pad = lane_padded(h)
+        parts.values = [
+            dataclasses.replace(v, nbytes=v.nbytes * pad // h) if v.name in (q, k) else v
+            for v in parts.values
+        ]
     flash = not materializes_scores(attention)
     outputs = ("o", "lse") if flash else ("o",)
-    parts.values.append(Value("o", Tag.ATTN_OUT if flash else None, n * nh * e))
+    o_bytes = n * nh * e * (lane_padded(h) if parts.tpu else h) // h
+    parts.values.append(Value("o", Tag.ATTN_OUT if flash else None, o_bytes))
     if flash:
         parts.values.append(Value("lse", Tag.ATTN_LSE, n * cfg.n_heads * 4))
     flops = sum(attention_flops(cfg, batch, seq, kind) for kind in kinds) / len(kinds)
@@ -200,7 +212,7 @@ def _score_tile(cfg: TransformerConfig, batch: int, seq: int, attention: str) ->
     cuDNN's and the Pallas kernel's tiles live in the kernel (registers and shared memory;
     cuDNN's workspace is ``u8[0]`` in a deviceless compile).
     """
-    if attention in ("cudnn", "pallas"):
+    if attention in ("cudnn", "pallas", "splash"):
         return 0
     if materializes_scores(attention):  # autodiff keeps scores and probabilities (and the tanh), fp32
         capped = cfg.attention_softcap is not None
@@ -244,7 +256,8 @@ def _layer_graph(
     n, d = batch * seq, cfg.d_model
     attention = attention_implementation(cfg, target, attention)
     x = Value("x", Tag.LAYER_INPUT, n * d * cfg.compute_dtype.itemsize)
-    parts = _Parts(gpu=target is not None, values=[x])
+    tpu = target is not None and target.platform == "tpu"
+    parts = _Parts(gpu=target is not None, tpu=tpu, values=[x])
     _norm(parts, cfg, "norm1", "x", "n1", n, d, Tag.NORM_OUT)
     _attention(parts, cfg, batch, seq, kinds, attention)
     out = "p"
