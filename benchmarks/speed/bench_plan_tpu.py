@@ -89,8 +89,9 @@ def measured_row(name: str, preset: str, target: str) -> dict:
     return dict(measured=report.peak, overflow=report.overflow, measure_seconds=round(seconds, 1))
 
 
-def rows_for(names, presets, targets, reuse: dict) -> list[dict]:
-    """One dict a workload x preset x target: predicted and measured bytes, the error, the compile time."""
+def rows_for(names, presets, targets, reuse: dict, only_reused: bool = False) -> list[dict]:
+    """One dict a workload x preset x target: predicted and measured bytes, the error, the compile time
+    (with ``only_reused``, only the rows ``reuse`` has)."""
     rows = []
     for target in targets:
         for name in names:
@@ -98,6 +99,8 @@ def rows_for(names, presets, targets, reuse: dict) -> list[dict]:
                 continue
             for preset in presets:
                 old = reuse.get((name, preset, target))
+                if old is None and only_reused:
+                    continue
                 keys = ("measured", "overflow", "measure_seconds")
                 got = {k: old[k] for k in keys} if old else measured_row(name, preset, target)
                 predicted = plan.predict(workload(name), preset, target=target).total
@@ -145,6 +148,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
     parser.add_argument("--reuse", default=None, help="an earlier run's JSON: its measured figures")
+    parser.add_argument(
+        "--only-reused", action="store_true", help="leave out the rows --reuse lacks (no compile)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "plan_tpu.json"))
     args = parser.parse_args()
     console = Console(width=150)
@@ -156,11 +162,11 @@ def main() -> None:
         "llama3.1-8b LoRA/QLoRA(nf4) r=16 B=1 T=8192, llama3.1-8b full FSDP over 8 v5p chips "
         "B=8 T=2048 (one device's figures)"
     )
-    rows = rows_for(args.workloads, args.presets, args.targets, reusable(args.reuse))
+    rows = rows_for(args.workloads, args.presets, args.targets, reusable(args.reuse), args.only_reused)
     console.print(table(rows))
     console.print(f"[dim]{plan.TPU_CAVEAT}[/dim]")
-    summaries = {t: summary([r for r in rows if r["target"] == t]) for t in args.targets}
-    summaries = {t: s for t, s in summaries.items() if s["n"]}
+    present = [t for t in args.targets if any(r["target"] == t for r in rows)]
+    summaries = {t: summary([r for r in rows if r["target"] == t]) for t in present}
     summaries["overall"] = summary(rows)
     for key, s in summaries.items():
         console.print(
