@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxckpt.nn import constrain
 from jaxckpt.remat import RematSpec
-from jaxckpt.train._loss import is_packed, weighted_loss_sum
+from jaxckpt.train._loss import chunk_count, chunked_loss_sum, is_packed, weighted_loss_sum
 
 
 def next_token_loss(
@@ -17,6 +18,12 @@ def next_token_loss(
     dropout_key: "jax.Array | None" = None,
 ) -> jax.Array:
     """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``tokens[:, :-1]`` (fp32).
+
+    As the packed loss does, it never holds the whole ``[B, T, V]`` fp32 logits when they
+    exceed ``CHUNK_LOGITS_BYTES`` (``jaxckpt.train._loss``): the head then runs a chunk of
+    positions at a time, each chunk's gradient taken in the forward pass (the same mean,
+    fp32 rounding aside). At long T the logits are the step's largest buffer otherwise:
+    ``llama3.1-8b`` at T=8192 holds 3.9 GiB of them in fp32, and their gradient.
 
     Args:
         model: a ``jaxckpt.nn.Transformer``.
@@ -32,8 +39,15 @@ def next_token_loss(
         >>> float(train.next_token_loss(model, jnp.zeros((2, 9), jnp.int32))) > 0
         True
     """
-    logits = model(tokens[:, :-1], remat=remat, dropout_key=dropout_key).astype(jnp.float32)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    x = model.features(inputs, remat=remat, dropout_key=dropout_key)
+    vocab = jax.eval_shape(model.logits, x[:, :1]).shape[-1]
+    chunks = chunk_count(*targets.shape, vocab)
+    if chunks > 1:
+        weights = jnp.ones(targets.shape, jnp.float32)
+        return chunked_loss_sum(model, x, targets, weights, chunks) / targets.size
+    logits = constrain(model.logits(x), "batch", "seq", "vocab").astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
 def loss_and_grads(

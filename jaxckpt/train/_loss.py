@@ -183,7 +183,7 @@ def chunked_loss_sum(model: nnx.Module, x: jax.Array, targets, weights, chunks: 
     def backward(residuals, g):
         g_head, g_x = residuals
         g_head = [(g * a).astype(dtype) for a, dtype in zip(g_head, head_dtypes, strict=True)]
-        return g_head, None, None, (g * g_x).astype(x_dtype), None, None
+        return g_head, None, None, (g * g_x.astype(jnp.float32)).astype(x_dtype), None, None
 
     loss_sum.defvjp(forward, backward)
     return loss_sum(head, other, rest, x, targets, weights)

@@ -175,3 +175,28 @@ def test_chunked_logits_give_the_same_loss_and_grads(monkeypatch):
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_plain_loss_chunks_its_logits_too(monkeypatch):
+    """Token windows (no packing) take the same chunked head over ``CHUNK_LOGITS_BYTES``:
+    the same mean loss and gradients as the whole logits, and no ``[B, T, V]`` buffer."""
+    from jaxckpt.train import _loss
+
+    graphdef, params, rest = _split("llama")
+    tokens = jax.random.randint(jax.random.key(3), (3, 14), 0, SIZES["vocab_size"])
+    spec = remat.get("full")
+
+    def loss_and_grads():
+        return jax.jit(lambda p: train.loss_and_grads(graphdef, p, rest, tokens[None], spec))(params)
+
+    want_loss, want_grads = loss_and_grads()
+    monkeypatch.setattr(_loss, "CHUNK_LOGITS_BYTES", 3 * 4 * 4 * SIZES["vocab_size"])  # 4 positions a chunk
+    assert _loss.chunk_count(3, 13, SIZES["vocab_size"]) > 1
+    got_loss, got_grads = loss_and_grads()
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    hlo = (
+        jax.jit(lambda p: train.loss_and_grads(graphdef, p, rest, tokens[None], spec)).lower(params).as_text()
+    )
+    assert f"3x13x{SIZES['vocab_size']}x" not in hlo  # the whole logits never exist
