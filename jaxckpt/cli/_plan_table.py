@@ -109,11 +109,11 @@ def roofline_line(chosen: dict, device: str, label: str) -> str | None:
     time on ``device`` (an estimate: the step never ran); None without them."""
     if chosen.get("roofline_seconds") is None:
         return None
-    flops, moved = chosen["measured_flops"], chosen["measured_bytes_accessed"]
+    flops, moved = chosen["step_flops_estimate"], chosen["step_bytes_estimate"]
     return (
-        f"  estimate ({label} cost analysis; never ran): {flops / 1e12:.3g} TFLOP and "
-        f"{plan.format_bytes(moved)} accessed per step, roofline {_duration(chosen['roofline_seconds'])} "
-        f"on {device}"
+        f"  estimate ({label} cost analysis, its layer loop counted n_layers times; never ran): "
+        f"{flops / 1e12:.3g} TFLOP and {plan.format_bytes(moved)} accessed per step, roofline "
+        f"{_duration(chosen['roofline_seconds'])} on {device}"
     )
 
 

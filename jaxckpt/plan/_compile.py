@@ -14,9 +14,10 @@ writes); for a GPU with the GEMM emitter ``gemm`` or a real GPU's autotune resul
 
 XLA:TPU checks the program against the chip's HBM while compiling. A step that does not
 fit is an answer, not a crash: ``compile_report`` returns the bytes the compiler says it
-needs, with its message in ``MemoryReport.overflow``. XLA:TPU's ``temp_size_in_bytes``
-leaves out the temporaries it placed in VMEM (``jaxckpt.plan._tpu_targets``), so a TPU
-report's ``temp`` is derived from ``peak_memory_in_bytes``, the figure trusted there.
+needs, with its message in ``MemoryReport.overflow``. A TPU report's peak is the HBM the
+compiler allocates, ``argument + output + temp - alias``, the sum its own HBM check
+compares with the chip; ``peak_memory_in_bytes`` is kept beside it
+(``MemoryReport.compiler_peak``), not trusted (``jaxckpt.plan._tpu_targets`` says why).
 
 XLA:CPU's memory analysis counts arguments placed in ``pinned_host`` among the device's
 (``host_argument_size_in_bytes`` stays 0: on CPU they are the same RAM; a deviceless
@@ -171,7 +172,8 @@ def compile_report(
         return MemoryReport(state, 0, max(0, needed[0] - state), 0, 0, overflow=overflow, **labels)
     report = dataclasses.replace(memory_report(compiled, device_stats=False), **_cost(compiled))
     if target is not None and target.platform == "tpu":
-        report = _tpu_peak(report, compiled.memory_analysis())
+        peak = int(compiled.memory_analysis().peak_memory_in_bytes)  # not trusted: see _tpu_targets
+        report = dataclasses.replace(report, compiler_peak=peak)
     host = workload.optimizer.offload
     masters = workload.optimizer.offload_master
     on_host = (optimizer if host else 0) + (params if masters else 0)
@@ -195,11 +197,3 @@ def _cost(compiled: jax.stages.Compiled) -> dict:
     if not cost:
         return {"flops": None, "bytes_accessed": None}
     return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
-
-
-def _tpu_peak(report: MemoryReport, analysis) -> MemoryReport:
-    """``report`` with ``temp`` such that its peak is XLA:TPU's ``peak_memory_in_bytes``
-    (``temp_size_in_bytes`` leaves out the temporaries placed in VMEM)."""
-    peak = int(analysis.peak_memory_in_bytes)
-    temp = peak - report.argument - report.output + report.alias
-    return dataclasses.replace(report, temp=max(report.temp, temp))

@@ -8,7 +8,7 @@ planner's answer (or its ``BudgetError``) and every spec it compiled on the way.
 import dataclasses
 import os
 
-from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops
+from jaxckpt.plan._cost import Choice, choice, loop_counted_cost, roofline_seconds, step_flops
 from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import CPU_CAVEAT
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
@@ -138,8 +138,14 @@ class PresetTable:
         spec = {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(c.spec).items()}
         result["chosen"] = {**c.to_dict(), "spec": spec, "predicted_bytes": int(c.predicted.total)}
         if self.device is not None and c.measured.flops is not None:  # an estimate: nothing ran
-            m, chip = c.measured, device_preset(self.device)
-            result["chosen"]["roofline_seconds"] = roofline_seconds(m.flops, m.bytes_accessed, chip)
+            flops, moved = loop_counted_cost(
+                c.measured.flops, c.measured.bytes_accessed, c.workload or w, c.spec
+            )
+            result["chosen"] |= {
+                "step_flops_estimate": flops,
+                "step_bytes_estimate": moved,
+                "roofline_seconds": roofline_seconds(flops, moved, device_preset(self.device)),
+            }
         result["attempts"] = [  # every spec the planner compiled, in order
             {
                 "remat": spec_name(s),

@@ -8,22 +8,32 @@ needs the ``tpu-aot`` extra (``pip install "jaxckpt[tpu-aot]"``: ``jax[tpu]``, w
 pins the ``libtpu`` of the installed jaxlib). This is how MaxText's ``train_compile.py``
 compiles for a slice on a CPU host. Nothing compiled here runs on a TPU.
 
-Two facts of XLA:TPU's memory analysis the planner relies on (measured with libtpu
-0.0.42.1, from the buffer assignment that ``--xla_dump_to`` writes):
+Which figure the planner trusts (measured with libtpu 0.0.42.1, from the buffer
+assignment and memory-usage report that ``--xla_dump_to`` writes, and from the compiler's
+out-of-memory reports):
 
-* ``temp_size_in_bytes`` counts only the temporaries in HBM (memory space 0). XLA:TPU's
-  memory-space assignment moves temporaries that fit into the core's VMEM (memory space
-  1: 128 MiB on v5e and v6e), and those are left out: a ``tanh(a @ b) @ b`` of 4096²
-  float32 reports 0 bytes of temp on v5e, where the dump shows 96 MiB of temporaries in
-  VMEM. ``peak_memory_in_bytes`` is the sum over memory spaces (HBM and VMEM:
-  201,327,104 + 100,663,296 bytes there, 512 bytes of tuple table apart), so it is the
-  figure jaxckpt trusts: ``jaxckpt.train.memory_report`` derives ``temp`` from it on a
-  TPU, and the peak over-counts HBM by at most the VMEM in use (at most 128 MiB; under
-  1% of a v5e's 16 GiB).
-* The compiler's HBM limit is the chip's HBM less what the runtime reserves: 15.75 GiB
-  of 16 GiB on v5e. Over it, compiling fails with ``Ran out of memory on HBM, the total
-  memory required for HLO temporaries (22.50G) exceeds available HBM (15.75G)``, which
-  ``plan.measure`` turns into an answer (``MemoryReport.overflow``), not a crash.
+* ``temp_size_in_bytes`` is the HBM temporaries' allocation (memory space 0), its
+  fragmentation included. XLA:TPU's memory-space assignment moves temporaries that fit
+  into the core's VMEM (memory space 1: 128 MiB on v5e and v6e), and those are rightly
+  left out: they use no HBM. That is why it "came back 0" for a ``tanh(a @ b) @ b`` of
+  4096² float32 on v5e: the dump shows its 96 MiB of temporaries all in VMEM.
+* ``peak_memory_in_bytes`` is something else: a live-range peak summed over the memory
+  spaces, VMEM included, without the allocation's fragmentation. On that matmul it was
+  the HBM's 201,327,104 bytes plus VMEM's 100,663,296 (less a 512-byte tuple table); on
+  the QLoRA ``llama3.1-8b`` step at T=8192 under ``full`` remat it was 10.12 GiB where the
+  HBM holds 5.77 GiB of arguments and a 6.59 GiB temporary allocation (12.36 GiB).
+* The compiler's own HBM check adds the arguments and the "program" (the temporary
+  allocation, with its fragmentation, and the overlays) and compares them with the chip's
+  HBM less the runtime's reserve: its report for a step 6 MiB over read "Used 15.75G of
+  15.75G hbm ... reserved 258.00M, program 9.99G, arguments 5.77G ... HLO temp 9.96G
+  (Unpadded 7.85G ... 21.1% fragmentation (2.10G))".
+
+So the planner trusts ``argument + output + temp - alias`` (``MemoryReport.peak``, as on
+every backend): the bytes that decide whether the step compiles. ``peak_memory_in_bytes``
+is kept as ``MemoryReport.compiler_peak``. The limit is what the out-of-memory error names
+as available (15.75 GiB of v5e's 16: ``plan.DEVICES``). Over it, compiling fails with
+``RESOURCE_EXHAUSTED`` in one of two forms (``hbm_overflow``), which ``plan.measure``
+turns into an answer (``MemoryReport.overflow``), not a crash.
 """
 
 import dataclasses
@@ -39,7 +49,8 @@ from jaxckpt._sizes import GiB
 
 TPU_CAVEAT = (
     "compiled for the TPU without one: XLA:TPU's own buffer assignment (libtpu), never run on a chip; "
-    "the peak is peak_memory_in_bytes, which also counts the core's VMEM scratch (at most 128 MiB)"
+    "the peak is the HBM it allocates (arguments + outputs + temporaries - aliased), as its own HBM "
+    "check counts it"
 )
 """How far a deviceless TPU compile's figures carry to the real chip (printed with them)."""
 

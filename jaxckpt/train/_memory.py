@@ -25,6 +25,9 @@ class MemoryReport:
     ``flops`` and ``bytes_accessed`` are the compiler's ``cost_analysis()`` of the program
     (where ``jaxckpt.plan`` compiled it; None otherwise): what a roofline estimate of its
     time reads (``jaxckpt.plan.roofline_seconds``).
+    ``compiler_peak`` is ``peak_memory_in_bytes`` where it differs in meaning from ``peak``
+    (XLA:TPU: a live-range peak over every memory space, VMEM included, without the
+    fragmentation of the temporaries' allocation; see ``jaxckpt.plan._tpu_targets``).
     ``overflow`` is the compiler's out-of-memory error where the program did not compile
     (XLA:TPU checks HBM while compiling): the figures are then the memory it said it
     needs, to its message's precision, not a buffer assignment.
@@ -48,6 +51,7 @@ class MemoryReport:
     measured_on: str | None = None
     peak_range: tuple[int, int] | None = None
     overflow: str | None = None
+    compiler_peak: int | None = None
     flops: float | None = None
     bytes_accessed: float | None = None
 
