@@ -111,7 +111,8 @@ def roofline_line(chosen: dict, device: str, label: str) -> str | None:
         return None
     flops, moved = chosen["step_flops_estimate"], chosen["step_bytes_estimate"]
     return (
-        f"  estimate ({label} cost analysis, its layer loop counted n_layers times; never ran): "
+        f"  estimate ({label} cost analysis, its layer loop counted n_layers times and its attention "
+        f"kernels' FLOPs added; never ran): "
         f"{flops / 1e12:.3g} TFLOP and {plan.format_bytes(moved)} accessed per step, roofline "
         f"{_duration(chosen['roofline_seconds'])} on {device}"
     )

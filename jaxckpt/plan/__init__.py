@@ -28,7 +28,7 @@ from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict
 from jaxckpt.plan._auto import resolve_auto
 from jaxckpt.plan._by_cost import by_cost, tag_flops_per_byte
 from jaxckpt.plan._compile import compile_step
-from jaxckpt.plan._cost import Choice, choice, loop_counted_cost, roofline_seconds, step_flops
+from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._measure import CPU_CAVEAT, measure
@@ -88,7 +88,6 @@ __all__ = [
     "gpu_target",
     "korthikanti_bytes",
     "layer_graph",
-    "loop_counted_cost",
     "measure",
     "parse_size",
     "plan_memory",
@@ -108,4 +107,5 @@ __all__ = [
     "trainable_bytes",
     "tree_bytes",
     "widened_bytes",
+    "xla_step_cost",
 ]

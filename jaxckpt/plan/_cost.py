@@ -4,6 +4,7 @@ import dataclasses
 
 from jaxckpt.plan._analytic import Prediction, predict
 from jaxckpt.plan._devices import DevicePreset
+from jaxckpt.plan._layer_costs import attention_implementation
 from jaxckpt.plan._layer_graph import layer_graph
 from jaxckpt.plan._specs import saved_tags
 from jaxckpt.plan._targets import Target
@@ -49,36 +50,69 @@ class Choice:
         return flops / device.flops + self.transfer_bytes / device.host_bandwidth
 
 
-def loop_counted_cost(
-    flops: float, bytes_accessed: float, workload: Workload, remat: "str | RematSpec"
+KERNEL_CALLS = frozenset({"splash", "pallas", "cudnn"})
+"""Attention implementations compiled as custom calls (Mosaic, Triton, cuDNN): XLA's cost
+analysis counts nothing inside one."""
+
+
+def _attention_kernel_flops(workload: Workload, spec: RematSpec, target) -> int:
+    """FLOPs the step's attention kernels run when they are custom calls (else 0): three
+    times the forward per layer, as ``step_flops`` counts, and once more where the backward
+    pass recomputes the attention."""
+    if attention_implementation(workload.config, target, workload.attention) not in KERNEL_CALLS:
+        return 0
+    graph = layer_graph(workload, target=target)
+    forward = sum(op.flops for op in graph.ops if op.name == "attention")
+    recomputed = spec.enabled and any(
+        op.name == "attention" for op in graph.recompute(graph.tagged(saved_tags(spec)) | {"x"})
+    )
+    return workload.micro_batches * workload.config.n_layers * forward * (4 if recomputed else 3)
+
+
+def xla_step_cost(
+    flops: float,
+    bytes_accessed: float,
+    workload: Workload,
+    remat: "str | RematSpec",
+    *,
+    target: "str | Target | None" = None,
 ) -> tuple[float, float]:
-    """A compiled step's ``cost_analysis()`` figures with its layers counted ``n_layers``
-    times: XLA's cost analysis counts the body of a loop once, whatever its trip count, and
-    jaxckpt's layers are one ``lax.scan`` (measured on XLA:TPU: a scan of 4 matmuls costs
-    the FLOPs of one). Both figures are scaled by the step's analytic FLOPs over those of
-    the same step with its layer loop counted once (one layer's forward, backward and
-    recompute, plus the head): an estimate, as the roofline it feeds.
+    """A compiled step's FLOPs and bytes accessed, from its ``cost_analysis()`` figures
+    (``MemoryReport.flops``, ``bytes_accessed``) made whole. XLA's cost analysis
+
+    * counts the body of a loop once, whatever its trip count, and jaxckpt's layers are one
+      ``lax.scan`` (measured on XLA:TPU: a scan of 4 matmuls costs the FLOPs of one): the
+      figures are scaled by the step's analytic FLOPs over those of the same step with one
+      layer (attention kernels left out of both);
+    * counts nothing inside a custom call: the attention kernels' FLOPs (Splash on a TPU,
+      cuDNN or Triton on a GPU) are added from the layer graph.
+
+    An estimate, as the roofline it feeds (``roofline_seconds``).
 
     Example:
         >>> from jaxckpt import nn, plan
         >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=4), batch=2, seq=64)
-        >>> flops, moved = loop_counted_cost(1e9, 1e8, w, "full")
-        >>> 1e9 < flops < 4e9 and moved / flops == 0.1
+        >>> flops, moved = plan.xla_step_cost(1e9, 1e8, w, "full")
+        >>> 1e9 < flops < 4e9 and moved / flops == 0.1  # XLA:CPU: blockwise attention, no kernel
         True
     """
-    require_workload(workload, "loop_counted_cost")
+    require_workload(workload, "xla_step_cost")
+    spec = get_remat(remat)
     one_layer = workload.replace(config=workload.config.replace(n_layers=1))
-    whole, once = (step_flops(w) + choice(w, remat).recompute_flops for w in (workload, one_layer))
-    return flops * whole / once, bytes_accessed * whole / once
+    whole, once = (
+        step_flops(w) + choice(w, spec).recompute_flops - _attention_kernel_flops(w, spec, target)
+        for w in (workload, one_layer)
+    )
+    scale = whole / max(once, 1)
+    return flops * scale + _attention_kernel_flops(workload, spec, target), bytes_accessed * scale
 
 
 def roofline_seconds(flops: float, bytes_accessed: float, device: DevicePreset) -> float:
     """The roofline time of a program: the longer of its FLOPs at the device's peak matmul
     rate and its memory traffic at the device's HBM bandwidth (``DevicePreset.flops``,
     ``hbm_bandwidth``). Fed with a compiler's ``cost_analysis()`` (``MemoryReport.flops``,
-    ``bytes_accessed``, its layer loop counted as many times as it runs:
-    ``loop_counted_cost``) it is an estimate of a step that never ran: a lower bound that
-    ignores overlap, launch and collective time.
+    ``bytes_accessed``, made whole by ``xla_step_cost``) it is an estimate of a step that
+    never ran: a lower bound that ignores overlap, launch and collective time.
 
     Example:
         >>> from jaxckpt import plan

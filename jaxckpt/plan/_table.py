@@ -8,7 +8,7 @@ planner's answer (or its ``BudgetError``) and every spec it compiled on the way.
 import dataclasses
 import os
 
-from jaxckpt.plan._cost import Choice, choice, loop_counted_cost, roofline_seconds, step_flops
+from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import CPU_CAVEAT
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
@@ -138,8 +138,9 @@ class PresetTable:
         spec = {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(c.spec).items()}
         result["chosen"] = {**c.to_dict(), "spec": spec, "predicted_bytes": int(c.predicted.total)}
         if self.device is not None and c.measured.flops is not None:  # an estimate: nothing ran
-            flops, moved = loop_counted_cost(
-                c.measured.flops, c.measured.bytes_accessed, c.workload or w, c.spec
+            m = c.measured
+            flops, moved = xla_step_cost(
+                m.flops, m.bytes_accessed, c.workload or w, c.spec, target=self.target
             )
             result["chosen"] |= {
                 "step_flops_estimate": flops,

@@ -84,9 +84,10 @@ def test_measure_reads_xla_tpu_peak_and_cost():
     assert report.peak == hbm + analysis.temp_size_in_bytes  # what XLA:TPU's own HBM check adds up
     assert report.compiler_peak == analysis.peak_memory_in_bytes != report.peak  # kept, not trusted
     assert "tpu_custom_call" in compiled.as_text() or "T(8,128)" in compiled.as_text()  # real TPU HLO
-    flops, moved = plan.loop_counted_cost(report.flops, report.bytes_accessed, workload, "none")
+    flops, moved = plan.xla_step_cost(report.flops, report.bytes_accessed, workload, "none", target="tpu-v5e")
     assert report.flops < 0.6 * plan.step_flops(workload)  # XLA counts the layer loop's body once
-    assert 0.8 < flops / plan.step_flops(workload) < 1.2 and moved > report.params
+    # made whole, XLA's count is the matmuls' and more (elementwise work, the update): 1.20x here
+    assert 0.9 < flops / plan.step_flops(workload) < 1.5 and moved > report.params
 
 
 @pytest.mark.slow
