@@ -42,6 +42,17 @@ def activation_sharding(mesh: Mesh, rules: Mapping[str, "str | tuple[str, ...] |
         _ACTIVE.reset(token)
 
 
+def active_sharding() -> "tuple[Mesh, dict] | None":
+    """The ``(mesh, rules)`` of the active ``activation_sharding``, or None outside one
+    (for code that must place a kernel XLA cannot partition itself: ``jax.shard_map``).
+
+    Example:
+        >>> active_sharding() is None
+        True
+    """
+    return _ACTIVE.get()
+
+
 def constrain(x: jax.Array, *names: str) -> jax.Array:
     """``x`` with its axes (one logical name each) pinned by the active rules; ``x``
     itself when no ``activation_sharding`` is active.

@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from jaxckpt.attention import MANUAL_PARTITIONING, flash_attention, normalize, resolve_implementation
-from jaxckpt.nn._activation_sharding import _ACTIVE, constrain
+from jaxckpt.nn._activation_sharding import active_sharding, constrain
 from jaxckpt.nn._choices import LayerKind, Positions, RopeKind
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._kv_cache import LayerCache
@@ -127,7 +127,7 @@ class Attention(nnx.Module):
             q, key, value, segment_ids=seg[0] if seg else None, implementation=self.implementation, **options
         )
         args = (q, key, value) if segment_ids is None else (q, key, value, segment_ids)
-        active = _ACTIVE.get()
+        active = active_sharding()
         if active is None:
             return attend(*args)
         name = resolve_implementation(
