@@ -832,7 +832,7 @@ def main(argv=None) -> int:
         os.environ["JAX_PLATFORMS"] = "cpu"  # before any backend starts; the children inherit it
         jax.config.update("jax_platforms", "cpu")
     else:
-        plan.quiet_cuda_plugin_without_driver()
+        plan.quiet_plugins_without_devices()
     backend = jax.default_backend()
     if backend != "gpu" and not args.smoke:
         print(

@@ -20,10 +20,11 @@ from jaxckpt.generate import (
     generate,
 )  # the function: jaxckpt.generate(...); the package's names import from it
 
-# With the gpu-aot extra on a machine without an NVIDIA driver, JAX's CUDA backend cannot
-# start: choose the CPU before a backend starts (JAX would fall back to it anyway, after a
-# traceback), so that deviceless GPU compiles work. A no-op anywhere else.
-plan.quiet_cuda_plugin_without_driver()
+# With the gpu-aot (tpu-aot) extra on a machine without an NVIDIA driver (TPU chips), JAX's
+# CUDA (TPU) backend cannot start: leave it out before a backend starts (JAX would fall back
+# anyway, after a traceback, or seconds of looking for chips), so that deviceless compiles
+# work. A no-op where every installed plugin has its device.
+plan.quiet_plugins_without_devices()
 
 __version__ = "0.1.0"
 

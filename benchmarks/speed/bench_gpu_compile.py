@@ -368,7 +368,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="structure at T=256 in bf16; memory at T=2048")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_compile.json")
     args = parser.parse_args(argv)
-    plan.quiet_cuda_plugin_without_driver()
+    plan.quiet_plugins_without_devices()
     console = Console(width=200)
     reason = plan.gpu_aot_unavailable()
     if reason is not None:

@@ -48,7 +48,7 @@ from jaxckpt.plan._targets import (
     deviceless,
     gpu_aot_unavailable,
     gpu_target,
-    quiet_cuda_plugin_without_driver,
+    quiet_plugins_without_devices,
     target_devices,
 )
 from jaxckpt.plan._tpu_targets import TPU_CAVEAT, TpuTarget, tpu_aot_unavailable
@@ -93,7 +93,7 @@ __all__ = [
     "plan_memory",
     "predict",
     "preset_table",
-    "quiet_cuda_plugin_without_driver",
+    "quiet_plugins_without_devices",
     "resolve_auto",
     "roofline_seconds",
     "solve",

@@ -263,30 +263,43 @@ def _has_nvidia_driver() -> bool:
     return True
 
 
-def quiet_cuda_plugin_without_driver() -> bool:
-    """Chooses the CPU platform when the CUDA plugin is installed, this machine has no
-    NVIDIA driver, and no platform was chosen (``JAX_PLATFORMS``).
+def _has_tpu_chips() -> bool:
+    """A TPU host's chips: ``/dev/accel*`` (v4, v5p) or VFIO groups (v5e, v6e)."""
+    return any(Path("/dev").glob("accel*")) or any(Path("/dev/vfio").glob("[0-9]*"))
 
-    JAX falls back to the CPU there anyway, after printing the plugin's failed start-up (a
-    traceback in every process), and a deviceless compile needs the plugin to start, which
-    it does on the CPU platform without a driver. ``import jaxckpt`` calls it (so it must
-    come before anything starts a JAX backend to take effect). Sets ``JAX_PLATFORMS=cpu``
-    for subprocesses too.
+
+def quiet_plugins_without_devices() -> bool:
+    """Leaves out of ``JAX_PLATFORMS`` the accelerator plugins installed here without their
+    device, when no platform was chosen: the CUDA plugin without an NVIDIA driver, libtpu
+    (the ``tpu-aot`` extra) without TPU chips. The CPU and any present accelerator stay.
+
+    JAX would try each installed plugin in every process: the CUDA plugin prints its failed
+    start-up (a traceback), and libtpu looks for chips for about 8 s before JAX falls back.
+    A deviceless compile does not need either backend (``target_devices`` starts the
+    compilers on their own). ``import jaxckpt`` calls it (so it must come before anything
+    starts a JAX backend to take effect); it sets ``JAX_PLATFORMS`` for subprocesses too.
 
     Returns:
-        Whether it chose the CPU.
+        Whether it chose the platforms.
 
     Example:
         >>> from jaxckpt import plan
-        >>> plan.quiet_cuda_plugin_without_driver()  # import jaxckpt did it already
+        >>> plan.quiet_plugins_without_devices()  # import jaxckpt did it already
         False
     """
     if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
         return False
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None or _has_nvidia_driver():
-        return False
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    jax.config.update("jax_platforms", "cpu")
+    installed = {
+        "cuda": importlib.util.find_spec("jax_plugins.xla_cuda12") is not None,
+        "tpu": importlib.util.find_spec("libtpu") is not None,
+    }
+    present = {"cuda": _has_nvidia_driver, "tpu": _has_tpu_chips}
+    kept = [name for name, there in installed.items() if there and present[name]()]
+    if kept == [name for name, there in installed.items() if there]:
+        return False  # every installed plugin has its device (or none is installed)
+    platforms = ",".join([*kept, "cpu"])
+    os.environ["JAX_PLATFORMS"] = platforms
+    jax.config.update("jax_platforms", platforms)
     return True
 
 
