@@ -25,9 +25,14 @@ def _state(impl) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    """Prints versions, devices, the attention implementations usable here and the GPU
-    compile targets (``jaxckpt plan --device``)."""
-    missing = plan.gpu_aot_unavailable()
+    """Prints versions, devices, the attention implementations usable here and the GPU and
+    TPU compile targets (``jaxckpt plan --device``)."""
+    missing = {"gpu": plan.gpu_aot_unavailable(), "tpu": plan.tpu_aot_unavailable()}
+
+    def state(target) -> str:
+        kind = f"XLA:GPU {target.sm}" if target.platform == "gpu" else f"XLA:TPU {target.device_kind}"
+        return missing[target.platform] or f"available: {kind}, deviceless"
+
     report = {
         "jaxckpt": jaxckpt.__version__,
         "jax": jax.__version__,
@@ -35,10 +40,7 @@ def _info(args: argparse.Namespace) -> int:
         "devices": [str(d) for d in jax.devices()],
         "attention_implementations": {name: _state(impl) for name, impl in implementations().items()},
         "attention_features": {name: sorted(impl.supports) for name, impl in implementations().items()},
-        "gpu_compile_targets": {
-            name: missing or f"available: XLA:GPU {target.sm}, deviceless"
-            for name, target in plan.TARGETS.items()
-        },
+        "compile_targets": {name: state(target) for name, target in plan.TARGETS.items()},
     }
     if args.json:
         print(json.dumps(report, indent=2))

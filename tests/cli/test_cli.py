@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from jaxckpt import plan
 from jaxckpt.cli import main
 from jaxckpt.cli._flags import flag_message
 from jaxckpt.cli._main import build_parser
@@ -15,7 +16,10 @@ def test_info_json_lists_implementations(capsys):
     impls = report["attention_implementations"]
     assert impls["blockwise"] == "available"
     assert impls["reference"] == "available"
-    assert set(impls) >= {"blockwise", "reference", "xla", "cudnn"}
+    assert set(impls) >= {"blockwise", "reference", "xla", "cudnn", "splash"}
+    targets = report["compile_targets"]
+    assert set(targets) == set(plan.TARGETS)  # the GPUs and the TPUs, each available or why not
+    assert targets["tpu-v5e"].startswith("available: XLA:TPU TPU v5 lite") or "tpu-aot" in targets["tpu-v5e"]
 
 
 def test_info_text_names_usable_implementations(capsys):
