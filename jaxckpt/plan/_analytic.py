@@ -97,6 +97,7 @@ from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
+from jaxckpt.train._loss import chunk_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +144,48 @@ assignment of ``tiny`` and ``small`` steps for v5e, of its 128 MiB of VMEM), whi
 ``measure`` counts in the step's temporaries (``temp_size_in_bytes``)."""
 
 
+TPU_FRAGMENTATION = (1.09, 1.54)
+"""XLA:TPU's temporaries' allocation (``temp_size_in_bytes``) over the bytes live at its peak,
+without remat and with it: the median of ``temp / (compiler_peak - argument)`` (the
+compiler's own live-range peak, without fragmentation) over the v5e rows of
+``bench_plan_tpu.py`` (libtpu 0.0.42.1). Without remat: ``tiny`` 1.06, ``small`` 1.11,
+``gpt2`` 1.09 (B=8, T=1024). With remat (``full``, ``save_attn``): ``small`` 1.51, 1.56,
+``gpt2`` 1.58, 1.55, ``llama3.2-1b`` (B=4, T=2048) ``full`` 1.54, QLoRA ``llama3.1-8b``
+(B=1, T=8192) ``full`` 1.51, ``save_attn`` 1.35. The compiler's out-of-memory report names
+it: "HLO temp 9.96G (Unpadded 7.85G, 21.1% fragmentation (2.10G))". The buffer assignment
+it dumps does not show it: its temp allocation (``llama3.2-1b`` ``full``: 4,397,957,632
+bytes) is below ``temp_size_in_bytes`` (6,290,617,344); what fills the difference is
+not known, only that a remat'd step (a backward loop that allocates and frees a layer's
+recomputed buffers) has more of it."""
+
+
+def hbm_temp(live: int, target: "str | Target | None", remat: bool = True) -> int:
+    """XLA:TPU's temporaries' allocation in HBM (``temp_size_in_bytes``) for ``live`` bytes of
+    temporaries the model holds at the peak (activations and gradients), with or without
+    ``remat``: ``live x TPU_FRAGMENTATION``; ``live`` itself for other compilers.
+
+    Example:
+        >>> hbm_temp(100, "tpu-v5e"), hbm_temp(100, "tpu-v5e", remat=False), hbm_temp(100, None)
+        (154, 109, 100)
+    """
+    if not on_tpu(target):
+        return live
+    return round(live * TPU_FRAGMENTATION[bool(remat)])
+
+
+def live_temp(allocation: int, target: "str | Target | None", remat: bool = True) -> int:
+    """The inverse of ``hbm_temp``: the live bytes an allocation of ``allocation`` holds (the
+    solver's budget rows).
+
+    Example:
+        >>> live_temp(154, "tpu-v5e"), live_temp(154, None)
+        (100, 154)
+    """
+    if not on_tpu(target):
+        return allocation
+    return int(allocation / TPU_FRAGMENTATION[bool(remat)])
+
+
 def _target(target: "str | Target | None") -> Target | None:
     return None if target is None else compile_target(target)
 
@@ -177,7 +220,24 @@ def layer_working_set(workload: Workload, *, target: "str | Target | None" = Non
     n, e = workload.local_tokens, config.compute_dtype.itemsize
     cotangents = n * (config.ffn_dim + config.d_model) * e
     weight_grads = layer_trainable_bytes(config)
-    return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile
+    # XLA:TPU, a quantized base: the layer's weights dequantized to the compute dtype, twice
+    # (the QLoRA ``llama3.1-8b`` step's live peak is 2.5 layers' dequantized weights over
+    # the model without them; see the module)
+    dequantized = 2 * graph.weights if on_tpu(target) and config.quantize_base is not None else 0
+    return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile + dequantized
+
+
+def head_chunks(workload: Workload) -> int:
+    """Chunks along T the step's loss cuts the head into (``train._loss.chunk_count``: 1 while
+    a micro-batch's fp32 logits ``[B, T, V]`` fit ``CHUNK_LOGITS_BYTES``, 64 MiB).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> cfg = nn.TransformerConfig.preset("llama3.2-1b")
+        >>> head_chunks(plan.Workload(cfg, 4, 2048)), head_chunks(plan.Workload(cfg, 1, 64))
+        (64, 1)
+    """
+    return chunk_count(workload.batch, workload.seq, workload.config.vocab_size)
 
 
 def head_working_set(workload: Workload, *, target: "str | Target | None" = None) -> int:
@@ -194,10 +254,16 @@ def head_working_set(workload: Workload, *, target: "str | Target | None" = None
     logits and then (in the same place) their gradient cast to the compute dtype:
     ``4 + e`` bytes a logit (8 in fp32), 6 in 16 bits (measured on ``gpt2`` at 8,192
     tokens: ``f32[8,1024,50257]`` and ``bf16[8192,50257]`` at the peak, nothing else of
-    that size). XLA:TPU does the same for a trained head (``llama3.2-1b``: ``f32[4,2048,128256]``
-    and ``bf16[4,2048,128256]``); under LoRA (a frozen head) it held two fp32 buffers, the
-    logits and a flattened copy the loss reads, 8 bytes a logit (QLoRA ``llama3.1-8b`` at
-    B=1, T=8192: ``f32[1,8192,128256]`` and ``f32[1050673152]{0:T(1024)}``, 4,008 MiB each).
+    that size). XLA:TPU does the same for a trained head; under LoRA (a frozen head) it
+    held two fp32 buffers, the logits and a flattened copy the loss reads, 8 bytes a logit
+    (QLoRA ``llama3.1-8b`` at B=1, T=8192 before the loss was chunked: ``f32[1,8192,128256]``
+    and ``f32[1050673152]{0:T(1024)}``, 4,008 MiB each).
+
+    The chunked loss (``head_chunks`` > 1, ``train._loss.chunked_loss_sum``) holds those
+    per-logit bytes for one chunk of ``ceil(T / chunks)`` positions, beside what it keeps
+    from every chunk: the gradient towards the hidden states (``[B, T, D]`` in the compute
+    dtype) and, when the head trains, the fp32 sum of its weight gradient and the chunk's
+    own (two ``[V, D]`` fp32; over FSDP each device sums its shard).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -220,7 +286,15 @@ def head_working_set(workload: Workload, *, target: "str | Target | None" = None
         per_logit = 4 + e
     else:
         per_logit = 8 + (2 * e if e != 4 else 8 if config.logits_softcap is not None else 0)
-    head = workload.local_tokens * config.vocab_size * per_logit
+    chunks = head_chunks(workload)
+    if chunks == 1:
+        head = workload.local_tokens * config.vocab_size * per_logit
+    else:
+        size = -(-workload.seq // chunks)
+        head = workload.local_batch * size * config.vocab_size * per_logit
+        head += workload.local_batch * chunks * size * config.d_model * e  # g_x, every chunk's
+        if config.lora is None:  # the fp32 sum of the head's weight gradient, and the chunk's
+            head += 2 * config.vocab_size * config.d_model * 4 // workload.devices
     return head + (gathered if workload.devices > 1 else 0)
 
 
@@ -245,7 +319,7 @@ def unwritten_grads(workload: Workload, *, target: "str | Target | None" = None)
     head = (
         0 if config.lora is not None else config.vocab_size * config.d_model * config.storage_dtype.itemsize
     )
-    return max(0, trainable_bytes(workload) - head // workload.devices)
+    return max(0, trainable_bytes(workload, target=target) - head // workload.devices)
 
 
 def head_branch(workload: Workload, *, target: "str | Target | None" = None) -> int:
@@ -299,7 +373,7 @@ def predict(
     spec = get_remat(remat)
     target = _target(target)
     config = workload.config
-    params, opt = state_bytes(workload)
+    params, opt = state_bytes(workload, target=target)
     graph = layer_graph(workload, target=target)
     stored = stored_bytes(graph, spec, config)
     layer = layer_working_set(workload, target=target)
@@ -312,10 +386,12 @@ def predict(
             # out of the stacks (measured: XLA copies both)
             layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.devices
     working = max(layer, head_branch(workload, target=target)) + compiler_extras(workload, target=target)
+    if on_tpu(target) and working <= VMEM_SCRATCH:  # held in VMEM, no HBM (see the module)
+        working = 0
     widened = widened_bytes(workload, target=target)
     if not spec.enabled:  # the stored casts are those copies
         widened = max(0, widened - config.n_layers * weight_casts(graph, config))
-    grads = trainable_bytes(workload) * (2 if workload.micro_batches > 1 else 1)
+    grads = trainable_bytes(workload, target=target) * (2 if workload.micro_batches > 1 else 1)
     host = 0
     if workload.optimizer.offload:
         host, opt = opt, 0
@@ -323,6 +399,8 @@ def predict(
         half = config.compute_dtype.itemsize
         host, params, grads = host + params, params * half // 4, grads * half // 4
     activations = max(stored + working + widened, update_workspace(workload)) + loss_scale_bytes(workload)
+    if on_tpu(target):  # the HBM temporaries' allocation, gradients included (see the module)
+        activations = hbm_temp(activations + grads, target, spec.enabled) - grads
     return Prediction(
         params=params,
         grads=grads,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxckpt.plan._analytic import compiler_extras, head_branch, layer_working_set, predict
+from jaxckpt.plan._analytic import compiler_extras, head_branch, layer_working_set, live_temp, on_tpu, predict
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._state import update_workspace
@@ -137,19 +137,24 @@ class _Program:
     def add_budget(self, workload: Workload, budget: int, target) -> bool:
         """Every branch of the activation model's ``max`` within ``budget``; False when even the
         optimizer update does not fit. On XLA:CPU kept tags shrink the layer's working set too
-        (not held twice); XLA:GPU slices them out of their stacks as copies, and adds its
-        GEMM workspace and FSDP's transposed shards (``predict``)."""
+        (not held twice); XLA:GPU and XLA:TPU slice them out of their stacks as copies, and
+        XLA:GPU adds its GEMM workspace and FSDP's transposed shards (``predict``). On
+        XLA:TPU the state is counted as it allocates it (tiles padded) and the temporaries
+        (activations and gradients) as their allocation, which ``hbm_temp`` scales from the
+        live bytes the rows bound: the room is turned back into live bytes (``live_temp``)."""
         base = predict(workload, RematSpec(), target=target)
-        room = budget - (base.params + base.grads + base.optimizer + base.inputs)
+        fixed = base.params + base.optimizer + base.inputs
+        temps = budget - fixed  # XLA:TPU: an allocation, of which the live bytes are less
+        room = (live_temp(temps, target) if on_tpu(target) else temps) - base.grads
         if room < update_workspace(workload):
             return False
         n, x = workload.config.n_layers, self.graph.values["x"].nbytes
         kept = lambda per_tag: {self.keep[t]: per_tag * self.tag_bytes[t] for t in self.tags}
-        on_gpu = target is not None
+        on_gpu = target is not None  # XLA:GPU or XLA:TPU: kept tags do not shrink the layer's set
         room -= compiler_extras(workload, target=target)
         layer = layer_working_set(workload, target=target)
         head = head_branch(workload, target=target)
-        # n*(x + K) + working - K <= room (XLA:GPU: + K), and n*(x + K) + head <= room
+        # n*(x + K) + working - K <= room (XLA:GPU, XLA:TPU: + K), and n*(x + K) + head <= room
         self.constraint(kept(n if on_gpu else n - 1), -np.inf, room - n * x - layer)
         self.constraint(kept(n), -np.inf, room - n * x - head)
         return True
