@@ -50,12 +50,24 @@ assignment (``--xla_dump_to``) of bf16 ``small``, ``gpt2`` and FSDP ``llama2-7b`
 * one cuBLAS workspace (``GEMM_WORKSPACE``) in the working set: ``measure`` reports the
   larger of its Triton and cuBLAS compiles.
 
-For a TPU target (``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e``, ``tpu-v4``; ``on_tpu``) the GPU's
-structure holds (bfloat16 kernels, fused norms and activations, the fused head, the
-gradients written after the head), with these mechanisms of XLA:TPU, each read off its
-buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) of bf16 ``tiny``, ``small``
-(B=8, T=1024) and ``llama3.2-1b`` (B=4, T=2048) steps for v5e:
+For a TPU target (``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e``, ``tpu-v4``; ``on_tpu``) the figure
+is the HBM XLA:TPU allocates, ``argument + output + temp - alias`` (``_tpu_targets``), and
+the GPU's structure holds (bfloat16 kernels, fused norms and activations, the fused head,
+the gradients written after the head), with these mechanisms of XLA:TPU, each read off its
+buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
 
+* the state as XLA:TPU allocates it (``state_bytes(target=)``, ``_state.tpu_padded_bytes``):
+  of an array's two minor dimensions one is the 128 lanes and one the sublanes (16 rows
+  in bf16), whichever pads less. A model of multiples of 128 pads nothing; the odd step
+  of ``test_plan_tpu_model`` (d_model 144, F 392, V 301) has 4,508,160 bytes of
+  parameter and optimizer allocations for 3,220,152 bytes of values, predicted to the byte.
+  The optimizer update is in place (AdamW: no workspace, as on XLA:CPU): ``llama3.2-1b``
+  under ``full`` is within 1% of ``measure`` without one.
+* no 16-bit copies beside the stacks' own: no fp32 copy of a weight stack (the
+  ``llama3.2-1b`` step's only fp32 ``[V, D]`` is the head's gradient sum below).
+* the head, under the chunked loss (``head_chunks``): one chunk's logits, the gradient
+  towards the hidden states of every chunk, and for a trained head two fp32 ``[V, D]``
+  (``head_working_set``; ``llama3.2-1b``'s temp allocation holds ``f32[128256,2048]``).
 * attention is the Splash kernel (``attention_implementation``): its blocks live in VMEM,
   no score tile in HBM (``tiny`` under ``dots``: no ``[B, H, T, block]`` buffer in memory
   space 0; the blockwise kernel's ``5 x bf16[8,8,1024,512]`` tiles were there).
@@ -63,19 +75,29 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) of bf16 ``tiny``, ``small
   kernel's per-head operands keep head_dim minor, so with a head_dim under 128 the saved
   queries, keys and output take ``128 / head_dim`` times their bytes (``tiny``, head_dim
   32: ``bf16[4,8,1024,4,32]{4,2,3,1,0:T(8,128)(2,1)}``, 32 MiB for 8 MiB of values); the
-  values (``v``) are laid out with T minor, unpadded (``bf16[4,8,1024,2,32]{2,4,3,1,0}``,
-  4 MiB). A norm's row statistic ``f32[rows, 1]`` takes a whole lane tile
-  (``f32[4,8,1024,128]``, 16 MiB, for ``tiny``'s 4 layers of 8,192 rows).
-* the head: as XLA:GPU's, the fp32 logits and one 16-bit buffer (``llama3.2-1b``, full
-  remat: ``f32[4,2048,128256]`` 4,008 MiB and ``bf16[4,2048,128256]`` 2,004 MiB at the
-  peak, nothing else over 32 MiB): ``predict`` within 0.4% of ``measure`` there. Under
-  LoRA two fp32 buffers (``head_working_set``).
+  values (``v``) are laid out with T minor, unpadded. A norm's row statistic
+  ``f32[rows, 1]`` takes a whole lane tile (``f32[4,8,1024,128]`` for ``tiny``).
 * VMEM: the memory-space assignment fills a scratch of ``VMEM_SCRATCH`` (``allocation:
-  size 117440512, color 1, preallocated-temp``), and ``temp_size_in_bytes`` counts part of
-  it, how much not yet known (``tiny`` under ``full``: 88 MiB of temp for an 8 MiB HBM
-  temp allocation and 98 MiB of VMEM; under ``none`` 308 MiB for 293 and 112). Not in
-  ``predict``: adding the whole scratch doubled the error of ``tiny``'s rows; it is at most
-  1% of a v5e's HBM. No cuBLAS workspace.
+  size 117440512, color 1, preallocated-temp``) with temporaries, which then take no HBM.
+  A working set (the ``max`` of the layer's and the head's) within it is held there:
+  ``predict`` counts none of it. ``tiny`` (B=8, T=1024, working set 66 MiB): ``full``
+  measures 10.2 MiB of temp for 8 MiB of stored layer inputs and 1.5 MiB of gradients;
+  the odd step at B=5, T=592: 4.8 MiB of temp where the compiler's live peak
+  (``compiler_peak``, over HBM and VMEM) is 31.8 MiB. A larger working set is counted
+  whole (``small``'s 218 MiB: its temp is above the model's).
+* a quantized base (QLoRA): the layer's weights dequantized to the compute dtype, twice,
+  in its working set (``layer_working_set``): the QLoRA ``llama3.1-8b`` step (B=1,
+  T=8192, ``full``) had a live peak (``compiler_peak - argument``, 4,454 MiB) 1,094 MiB
+  over the model without them, 2.5 layers' dequantized weights (436 MiB each). Inferred
+  from the figures, not read off a dump.
+* fragmentation: the temporaries' allocation is ``TPU_FRAGMENTATION`` times the bytes
+  live at its peak (``hbm_temp``): 1.09 without remat, 1.54 with it, the medians of the
+  rows named there. The buffer assignment XLA:TPU dumps does not account for it (its
+  temp allocation is below ``temp_size_in_bytes``: 4,397,957,632 bytes for 6,290,617,344
+  in ``llama3.2-1b``'s ``full`` step): a measured factor, not a mechanism.
+* no cuBLAS workspace. Over FSDP the GPU's transposed shard copies are kept
+  (``compiler_extras``): not read off a TPU dump yet (``bench_plan_tpu``'s FSDP row
+  checks the whole).
 """
 
 import dataclasses
@@ -386,7 +408,8 @@ def predict(
             # out of the stacks (measured: XLA copies both)
             layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.devices
     working = max(layer, head_branch(workload, target=target)) + compiler_extras(workload, target=target)
-    if on_tpu(target) and working <= VMEM_SCRATCH:  # held in VMEM, no HBM (see the module)
+    in_vmem = on_tpu(target) and working <= VMEM_SCRATCH
+    if in_vmem:  # held in VMEM, no HBM (see the module)
         working = 0
     widened = widened_bytes(workload, target=target)
     if not spec.enabled:  # the stored casts are those copies
@@ -400,7 +423,8 @@ def predict(
         host, params, grads = host + params, params * half // 4, grads * half // 4
     activations = max(stored + working + widened, update_workspace(workload)) + loss_scale_bytes(workload)
     if on_tpu(target):  # the HBM temporaries' allocation, gradients included (see the module)
-        activations = hbm_temp(activations + grads, target, spec.enabled) - grads
+        # the remat'd fragmentation is that of a working set in HBM (see TPU_FRAGMENTATION)
+        activations = hbm_temp(activations + grads, target, spec.enabled and not in_vmem) - grads
     return Prediction(
         params=params,
         grads=grads,
