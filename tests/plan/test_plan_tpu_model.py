@@ -21,7 +21,7 @@ from jaxckpt.plan._analytic import (
     on_tpu,
 )
 from jaxckpt.plan._layer_costs import attention_implementation, lane_padded
-from jaxckpt.plan._state import tpu_padded_bytes
+from jaxckpt.plan._state import tpu_padded_bytes, transposed_bytes
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -149,8 +149,10 @@ def test_tpu_terms():
     for name in ("qr", "kr", "o"):
         assert graph.values[name].nbytes == 4 * gpu.values[name].nbytes, name
     assert graph.values["v"].nbytes == gpu.values["v"].nbytes
-    # no cuBLAS workspace; one device: no FSDP shard copies
+    # no cuBLAS workspace; no FSDP shard copies (XLA:TPU lays the shards out split axis major)
     assert compiler_extras(w, target=TARGET) == 0 < compiler_extras(w, target="h100-80g")
+    fsdp = w.replace(devices=4)
+    assert compiler_extras(fsdp, target=TARGET) == 0 < transposed_bytes(fsdp, target="h100-80g")
     # the head: fp32 logits and a 16-bit buffer when trained, two fp32 buffers under LoRA
     logits = w.local_tokens * config.vocab_size
     assert head_working_set(w, target=TARGET) == 6 * logits
