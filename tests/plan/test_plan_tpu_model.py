@@ -151,7 +151,7 @@ def test_tpu_terms():
     assert graph.values["v"].nbytes == gpu.values["v"].nbytes
     # no cuBLAS workspace; no FSDP shard copies (XLA:TPU lays the shards out split axis major)
     assert compiler_extras(w, target=TARGET) == 0 < compiler_extras(w, target="h100-80g")
-    fsdp = w.replace(devices=4)
+    fsdp = w.replace(batch=4, devices=4)
     assert compiler_extras(fsdp, target=TARGET) == 0 < transposed_bytes(fsdp, target="h100-80g")
     # the head: fp32 logits and a 16-bit buffer when trained, two fp32 buffers under LoRA
     logits = w.local_tokens * config.vocab_size
