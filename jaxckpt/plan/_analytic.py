@@ -169,8 +169,9 @@ small step that is cuBLAS's, by this workspace."""
 VMEM_SCRATCH = 112 * 2**20
 """Bytes of the VMEM scratch XLA:TPU's memory-space assignment fills with temporaries
 (memory space 1: ``allocation: size 117440512, color 1, preallocated-temp`` in the buffer
-assignment of ``tiny`` and ``small`` steps for v5e, of its 128 MiB of VMEM), which
-``measure`` counts in the step's temporaries (``temp_size_in_bytes``)."""
+assignment of ``tiny``, ``small`` and ``llama3.2-1b`` steps for v5e, of its 128 MiB of
+VMEM): temporaries there take no HBM. ``predict`` holds a working set of at most this in
+VMEM (the same bound for v5p and v6e: their dumps were not read)."""
 
 
 TPU_FRAGMENTATION = (1.09, 1.54)
