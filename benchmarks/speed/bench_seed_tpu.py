@@ -78,12 +78,15 @@ def row(route: str, chip: str) -> dict:
         pass
     else:
         m = chosen.measured
+        whole = plan.xla_step_cost(m.flops, m.bytes_accessed, chosen.workload, chosen.spec, target=target)
         result["chosen"] = {
             "remat": chosen.remat,
             "measured_bytes": m.peak,
             "recompute_fraction": chosen.recompute_fraction,
             "compiles": len(chosen.attempts),
-            "roofline_seconds": plan.roofline_seconds(m.flops, m.bytes_accessed, plan.DEVICES[target]),
+            "xla_flops": m.flops,  # as cost_analysis() gives them: the layer loop counted once
+            "xla_bytes_accessed": m.bytes_accessed,
+            "roofline_seconds": plan.roofline_seconds(*whole, plan.DEVICES[target]),
         }
     result["seconds"] = round(time.perf_counter() - start, 1)
     print(f"{route} on {chip}: {result['seconds']} s", file=sys.stderr)
