@@ -107,8 +107,8 @@ def release_compiled_programs():
     one reads it from the persistent compilation cache. Below that they stay, so the next
     module does not trace and look up again the model inits and eager ops they share.
     (It was 2.5 GiB until libtpu, which the ``tpu_compile`` probe loads in every worker,
-    added 360 MiB to each: workers then sat at 3.3-3.5 GiB and dropped their programs after
-    nearly every module.)"""
+    added 360 MiB to each; halfway through a fresh run both workers sat at 3.3-3.5 GiB, over
+    the line at every module's end.)"""
     yield
     if _resident_gib() > float(os.environ.get("JAXCKPT_TEST_CLEAR_ABOVE_GIB", "4")):
         jax.clear_caches()
