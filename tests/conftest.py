@@ -102,15 +102,12 @@ def release_compiled_programs():
     """Each xdist worker runs for the whole suite: without this, every compiled program and
     traced function of every module stays cached in it, and a worker grew to about 7 GB by
     the end (two of them, beside the training subprocesses some tests start, on a 24 GB
-    machine). When a module ends with the worker over 4 GiB resident
+    machine). When a module ends with the worker over 2.5 GiB resident
     (``JAXCKPT_TEST_CLEAR_ABOVE_GIB``), the programs are dropped; the next module that needs
     one reads it from the persistent compilation cache. Below that they stay, so the next
-    module does not trace and look up again the model inits and eager ops they share.
-    (It was 2.5 GiB until libtpu, which the ``tpu_compile`` probe loads in every worker,
-    added 360 MiB to each; halfway through a fresh run both workers sat at 3.3-3.5 GiB, over
-    the line at every module's end.)"""
+    module does not trace and look up again the model inits and eager ops they share."""
     yield
-    if _resident_gib() > float(os.environ.get("JAXCKPT_TEST_CLEAR_ABOVE_GIB", "4")):
+    if _resident_gib() > float(os.environ.get("JAXCKPT_TEST_CLEAR_ABOVE_GIB", "2.5")):
         jax.clear_caches()
         gc.collect()
 
