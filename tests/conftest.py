@@ -144,14 +144,27 @@ def _gpu_missing() -> str | None:
     return None if backend in ("gpu", "cuda", "rocm") else f"needs a GPU backend; JAX runs on {backend!r}"
 
 
+# The two deviceless compilers are probed by whether they are installed, without starting them:
+# a started CUDA plugin holds about 250 MiB in the process and libtpu about 100 MiB more, which
+# every worker would carry from collection on, nearer the line where it drops its compiled
+# programs. A worker starts them at its first test that compiles for such a target.
+def _gpu_compiler_missing() -> str | None:
+    installed = all(importlib.util.find_spec(name) for name in ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc"))
+    return None if installed else gpu_aot_unavailable()
+
+
+def _tpu_compiler_missing() -> str | None:
+    return None if importlib.util.find_spec("libtpu") else tpu_aot_unavailable()
+
+
 def _npu_missing() -> str | None:
     return None if importlib.util.find_spec("torch_npu") else "needs torch_npu (an Ascend NPU)"
 
 
 _PROBES = {
     "gpu": _gpu_missing,
-    "gpu_compile": gpu_aot_unavailable,
-    "tpu_compile": tpu_aot_unavailable,
+    "gpu_compile": _gpu_compiler_missing,
+    "tpu_compile": _tpu_compiler_missing,
     "npu": _npu_missing,
     "torch": _torch_missing,
 }
