@@ -1,6 +1,6 @@
 """The flags that several subcommands declare alike, declared once: the LoRA flags
-(``train`` and ``plan``), the optimizer and offload flags (``train`` and ``plan``), and the
-command line's one positive-int check.
+(``train`` and ``plan``), the optimizer and offload flags (``train`` and ``plan``), the MLP's
+tiling (``train``, ``compare`` and ``plan``), and the command line's one positive-int check.
 
 Each ``add_*`` function adds its flags to a subcommand's parser; the subcommand turns the
 parsed values into library objects (``nn.LoraConfig``, ``train.OptimizerConfig``).
@@ -55,6 +55,17 @@ def add_lora_arguments(p, *, training: bool) -> None:
             "--lora-alpha", type=float, help="the adapters' output scale is alpha / R (default R)"
         )
         lora.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
+
+
+def add_mlp_chunk_argument(p) -> None:
+    """``--mlp-chunk N``: the MLP over chunks of N tokens (``nn.TransformerConfig.mlp_chunk``)."""
+    p.add_argument(
+        "--mlp-chunk",
+        type=positive_int,
+        metavar="N",
+        help="tile the MLP over chunks of N tokens: its backward pass holds one chunk's intermediates "
+        "(3 x N x ffn_dim) instead of the sequence's, at the same numbers; default: untiled",
+    )
 
 
 OPTIMIZER_FLAGS = {

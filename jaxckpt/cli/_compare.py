@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxckpt import compare, nn
+from jaxckpt.cli._common import add_mlp_chunk_argument
 
 DEFAULT_MODEL = "tiny"
 DEFAULT_BATCH = 2
@@ -35,13 +36,15 @@ def add_parser(sub) -> None:
     p.add_argument("--seq", type=int, default=DEFAULT_SEQ, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="timed steps per row (median)")
     p.add_argument("--layers", type=int, help="override the preset's number of layers")
+    add_mlp_chunk_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the comparison and prints it."""
-    overrides = {} if args.layers is None else {"n_layers": args.layers}
+    given = (("n_layers", args.layers), ("mlp_chunk", args.mlp_chunk))
+    overrides = {name: value for name, value in given if value is not None}
     config = nn.TransformerConfig.preset(args.model, **overrides)
     result = compare.compare(config, batch=args.batch, seq=args.seq, steps=args.steps, progress=not args.json)
     if args.json:

@@ -44,6 +44,7 @@ FLAGS: dict[str, str] = {
     "learning_rate": "--lr",
     "mesh": "--mesh",
     "micro_batches": "--micro-batches",
+    "mlp_chunk": "--mlp-chunk",
     "n_layers": "--layers",
     "num_processes": "--num-processes",
     "optimizer": "--optimizer",

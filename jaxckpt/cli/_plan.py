@@ -35,7 +35,12 @@ from rich.console import Console
 from rich.measure import Measurement
 
 from jaxckpt import nn, plan, remat
-from jaxckpt.cli._common import add_lora_arguments, add_optimizer_arguments, optimizer_config
+from jaxckpt.cli._common import (
+    add_lora_arguments,
+    add_mlp_chunk_argument,
+    add_optimizer_arguments,
+    optimizer_config,
+)
 from jaxckpt.cli._flags import FLAGS, flag_message
 from jaxckpt.cli._plan_table import attempts_line, chosen_line, compiler_label, roofline_line, table
 
@@ -119,6 +124,7 @@ def add_parser(sub) -> None:
         "type)",
     )
     add_lora_arguments(p, training=False)
+    add_mlp_chunk_argument(p)
     p.add_argument(
         "--micro-batches",
         type=int,
@@ -173,8 +179,9 @@ def model_config(
     """The model the flags describe, and a note when the device's 16-bit type replaced bfloat16.
 
     As ``jaxckpt train``: ``--lora`` stores the frozen base in bfloat16 unless
-    ``--param-dtype`` says otherwise. Without ``--dtype``, the model's bfloat16 becomes the
-    device's 16-bit type (``DevicePreset.in_half``: float16 on an Ascend 910).
+    ``--param-dtype`` says otherwise, and ``--mlp-chunk`` tiles the MLP. Without ``--dtype``,
+    the model's bfloat16 becomes the device's 16-bit type (``DevicePreset.in_half``: float16
+    on an Ascend 910).
     """
     overrides = {} if args.param_dtype is None else {"param_dtype": PARAM_DTYPES[args.param_dtype]}
     if args.dtype is not None:
@@ -185,6 +192,8 @@ def model_config(
     elif args.quantize_base is not None:
         raise ValueError("--quantize-base needs --lora R: the quantized base is frozen, the adapters train")
     overrides["quantize_base"] = args.quantize_base
+    if args.mlp_chunk is not None:
+        overrides["mlp_chunk"] = args.mlp_chunk
     config = nn.TransformerConfig.preset(args.model, **overrides)
     if args.dtype is not None:
         return config, None

@@ -9,7 +9,13 @@ from rich.console import Console
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import implementations
-from jaxckpt.cli._common import OPTIMIZER_FLAGS, add_lora_arguments, add_optimizer_arguments, optimizer_config
+from jaxckpt.cli._common import (
+    OPTIMIZER_FLAGS,
+    add_lora_arguments,
+    add_mlp_chunk_argument,
+    add_optimizer_arguments,
+    optimizer_config,
+)
 from jaxckpt.cli._run_file import RUN_FILE_NAME, resolved_run, run_yaml, save_run_file
 
 
@@ -39,6 +45,7 @@ def add_parser(sub) -> None:
         help="parameter storage dtype; default: the config's (with --lora: bfloat16 for the frozen base)",
     )
     add_lora_arguments(p, training=True)
+    add_mlp_chunk_argument(p)
     p.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
     p.add_argument("--micro-batches", type=int, default=1, help="micro-batches accumulated per step")
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence")
@@ -133,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = nn.TransformerConfig.preset(args.model or "tiny", **overrides)
     run_config = train_run(args)
+    config = run_config.model_config(config)  # --mlp-chunk
     # remat="auto": the planner picks the spec first (train never plans), for this run
     run_config, memory_plan = plan.resolve_auto(config, run_config)
     result = train.train(config, run_config, plan=memory_plan)
@@ -176,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 def train_run(args: argparse.Namespace) -> train.RunConfig:
     """The ``train.RunConfig`` that the flags describe (its checks name the fields, which
     ``jaxckpt.cli._flags`` writes as the flags)."""
-    memory = {name: getattr(args, name) for name in ("remat", "attention", "budget")}
+    memory = {name: getattr(args, name) for name in ("remat", "attention", "budget", "mlp_chunk")}
     return train.RunConfig(
         steps=args.steps,
         batch=args.batch,

@@ -34,6 +34,8 @@ QUANTIZATIONS = ("nf4", "int8")
 """``quantize_base`` choices: 4-bit NormalFloat (QLoRA's) and 8-bit integers, per-block scales."""
 RUN_FIELDS = ("remat", "attention", "budget")
 """Fields of configs written before the memory choices moved to ``train.RunConfig``."""
+_MLP_TARGETS = ("gate", "up", "down")
+"""The LoRA targets inside the MLP (``LORA_TARGETS``), whose dropout ``mlp_chunk`` refuses."""
 _DERIVED = ("n_kv_heads", "head_dim", "norm", "activation", "positions", "attention_out_bias")
 _ENUMS = {"norm": Norm, "activation": Activation, "positions": Positions}
 
@@ -80,6 +82,11 @@ class TransformerConfig:
         quantize_base: ``"nf4"`` or ``"int8"``: the frozen base's projection kernels are
             stored quantized, with per-block scales (QLoRA; needs ``lora``); None: stored
             in ``param_dtype``.
+        mlp_chunk: the MLP runs over chunks of this many tokens of each sequence, each
+            chunk recomputed in the backward pass, which then holds one chunk's
+            intermediates instead of T's (see ``MLP``; the numbers are the
+            untiled MLP's); None: untiled. It cannot be combined with LoRA dropout on an
+            MLP projection (``lora.dropout`` with a ``gate``, ``up`` or ``down`` target).
 
     Example:
         >>> from jaxckpt.nn import TransformerConfig
@@ -122,6 +129,7 @@ class TransformerConfig:
     logits_softcap: float | None = None
     lora: LoraConfig | dict | int | None = None
     quantize_base: str | None = None
+    mlp_chunk: int | None = None
     _derived: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
     """The fields given as None and filled in here; ``replace`` derives them afresh."""
 
@@ -164,6 +172,7 @@ class TransformerConfig:
                 )
         _choice("dtype", self.dtype, DTYPES)
         _choice("param_dtype", self.param_dtype, DTYPES)
+        self._check_mlp_chunk()
         if not self.norm_eps > 0:
             raise ValueError(f"TransformerConfig: norm_eps must be > 0, got {self.norm_eps}")
 
@@ -197,6 +206,20 @@ class TransformerConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and value > 0):
                 raise ValueError(f"TransformerConfig: {name}={value!r} must be a positive number or None")
+
+    def _check_mlp_chunk(self) -> None:
+        if self.mlp_chunk is None:
+            return
+        require_positive_int("mlp_chunk", self.mlp_chunk, "TransformerConfig: ")
+        lora = self.lora
+        adapted = () if lora is None else [t for t in lora.targets if t in _MLP_TARGETS]
+        if adapted and lora.dropout > 0:
+            raise ValueError(
+                f"TransformerConfig: mlp_chunk={self.mlp_chunk} tiles the MLP, and lora.dropout="
+                f"{lora.dropout} would draw other dropout masks per chunk on its adapted projections "
+                f"{adapted}: set lora.dropout=0, drop {', '.join(adapted)} from lora.targets, or "
+                "leave the MLP untiled"
+            )
 
     @property
     def rotary_dim(self) -> int:

@@ -92,6 +92,25 @@ SOFTCAP_FLOPS = 3
 MLP_TARGETS = ("gate", "up", "down")
 """The LoRA targets in the MLP (``nn.LORA_TARGETS``)."""
 
+
+def mlp_rows(config: TransformerConfig, batch: int, seq: int) -> int:
+    """The token rows whose MLP intermediates a layer's backward pass holds at once, for
+    ``batch`` sequences of ``seq`` tokens: all ``batch * seq``, or under tiling
+    (``config.mlp_chunk`` below ``seq``) one chunk's ``batch * mlp_chunk``, each chunk
+    recomputed in turn (``nn.MLP``).
+
+    Example:
+        >>> from jaxckpt import nn
+        >>> cfg = nn.TransformerConfig.preset("tiny")
+        >>> mlp_rows(cfg, 2, 4096), mlp_rows(cfg.replace(mlp_chunk=512), 2, 4096)
+        (8192, 1024)
+        >>> mlp_rows(cfg.replace(mlp_chunk=512), 2, 300)  # one chunk: untiled
+        600
+    """
+    chunk = config.mlp_chunk
+    return batch * (seq if chunk is None else min(chunk, seq))
+
+
 FULL = LayerKind()
 """A layer of full attention with RoPE (when the config has RoPE): every uniform stack's kind."""
 

@@ -43,6 +43,7 @@ from jaxckpt.plan._layer_costs import (
     attention_implementation,
     lane_padded,
     materializes_scores,
+    mlp_rows,
 )
 from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload
@@ -107,8 +108,10 @@ def _projection(
     widths: tuple[int, int],
     bias: bool,
     target: str,
+    held_rows: int | None = None,
 ) -> None:
     """``dst = src @ W (+ b)``; its input gradient reads ``W``, its weight gradient ``src``.
+    A recomputed backward holds an adapter's output over ``held_rows`` (default ``rows``).
 
     Under LoRA (``cfg.lora``) the base ``W`` is frozen: no weight gradient, so ``src`` is
     read only when ``target`` carries an adapter, ``dst += scale * (src @ a) @ b``, whose
@@ -132,7 +135,8 @@ def _projection(
     parts.ops.append(Op(f"{name}_lora", (src,), (f"{dst}_lora",), 2 * rows * d_in * rank))
     parts.ops.append(Op(name, (src, f"{dst}_lora"), (dst,), flops + 2 * rows * rank * d_out + rows * d_out))
     parts.reads.update((src, f"{dst}_lora"))
-    parts.held += rows * d_out * e  # the adapter's own output and cotangent, beside the base's
+    # the adapter's own output and cotangent, beside the base's
+    parts.held += (rows if held_rows is None else held_rows) * d_out * e
     parts.adapted.append(widths)
 
 
@@ -221,14 +225,19 @@ def _score_tile(cfg: TransformerConfig, batch: int, seq: int, attention: str) ->
     return batch * cfg.n_heads * blocks.block_q * blocks.block_k * 4
 
 
-def _mlp(parts: _Parts, cfg: TransformerConfig, n: int) -> None:
-    """up (and gate) from ``n2``, the activation ``a``, ``down``."""
-    d, f = cfg.d_model, cfg.ffn_dim
+def _mlp(parts: _Parts, cfg: TransformerConfig, n: int, held_rows: int) -> None:
+    """up (and gate) from ``n2``, the activation ``a``, ``down``; a recomputed backward holds
+    the activation's internals over ``held_rows`` rows (one chunk's under tiling: ``mlp_rows``).
+
+    Tiled (``held_rows < n``), the MLP recomputes its chunks even without remat, so autodiff
+    keeps none of its values then (``unkept``), only its input ``n2``.
+    """
+    d, f, first = cfg.d_model, cfg.ffn_dim, len(parts.values)
     act_in = ("u",)
     if cfg.activation in GATED:
-        _projection(parts, cfg, "gate", "n2", "g", Tag.MLP_GATE, n, (d, f), cfg.mlp_bias, "gate")
+        _projection(parts, cfg, "gate", "n2", "g", Tag.MLP_GATE, n, (d, f), cfg.mlp_bias, "gate", held_rows)
         act_in = ("g", "u")
-    _projection(parts, cfg, "up", "n2", "u", Tag.MLP_UP, n, (d, f), cfg.mlp_bias, "up")
+    _projection(parts, cfg, "up", "n2", "u", Tag.MLP_UP, n, (d, f), cfg.mlp_bias, "up", held_rows)
     cost = ACTIVATION_COSTS[cfg.activation]
     parts.values.append(Value("a", Tag.MLP_ACT, n * f * cfg.compute_dtype.itemsize))
     parts.ops.append(Op("act", act_in, ("a",), cost.flops * n * f))
@@ -237,9 +246,12 @@ def _mlp(parts: _Parts, cfg: TransformerConfig, n: int) -> None:
     if cfg.lora is not None and not set(cfg.lora.targets) & set(MLP_TARGETS):
         # a frozen MLP: no weight gradient waits on the activation's cotangents
         internals, held = internals - min(internals, 1), held - min(held, 2)
-    parts.internals += internals * n * f * cfg.compute_dtype.itemsize
-    parts.held += held * n * f * cfg.compute_dtype.itemsize
-    _projection(parts, cfg, "down", "a", "down", Tag.MLP_DOWN, n, (f, d), cfg.mlp_bias, "down")
+    tiled = held_rows < n
+    parts.internals += 0 if tiled else internals * n * f * cfg.compute_dtype.itemsize
+    parts.held += held * held_rows * f * cfg.compute_dtype.itemsize
+    _projection(parts, cfg, "down", "a", "down", Tag.MLP_DOWN, n, (f, d), cfg.mlp_bias, "down", held_rows)
+    if tiled:
+        parts.unkept.update(v.name for v in parts.values[first:] if v.name != "down")  # its output stays
 
 
 @functools.lru_cache(maxsize=256)
@@ -267,7 +279,7 @@ def _layer_graph(
     parts.values.append(Value("x1", None, n * d * cfg.compute_dtype.itemsize))
     parts.ops.append(Op("residual", ("x", out), ("x1",), n * d))
     _norm(parts, cfg, "norm2", "x1", "n2", n, d, Tag.NORM_OUT)
-    _mlp(parts, cfg, n)
+    _mlp(parts, cfg, n, mlp_rows(cfg, batch, seq))
     if cfg.post_norms:
         _norm(parts, cfg, "post_norm2", "down", "dn", n, d)
     tile = _score_tile(cfg, batch, seq, attention)

@@ -128,7 +128,8 @@ class Workload:
     @classmethod
     def from_run(cls, model_config: TransformerConfig, run: train.RunConfig) -> "Workload":
         """The step ``train.train(model_config, run)`` runs: ``run``'s sizes, mesh, optimizer
-        (with the skip of ``on_nonfinite="skip"``, whose select costs memory) and attention.
+        (with the skip of ``on_nonfinite="skip"``, whose select costs memory), attention and
+        the MLP's tiling (``run.model_config(model_config)``: ``run.mlp_chunk`` when set).
 
         Raises:
             TypeError: when ``run`` is not a ``train.RunConfig``.
@@ -145,7 +146,7 @@ class Workload:
         if not isinstance(run, train.RunConfig):
             raise TypeError(f"Workload.from_run: run must be a train.RunConfig, got {type(run).__name__}")
         return cls.on_mesh(
-            model_config,
+            run.model_config(model_config),
             run.batch,
             run.seq,
             run.mesh,

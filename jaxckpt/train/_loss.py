@@ -2,11 +2,13 @@
 sum on packed rows (``jaxckpt.data.PackedBatch``: segment ids, positions restarting per
 document, a weight per target).
 
-The packed loss never holds the whole ``[B, T, V]`` fp32 logits when they exceed
-``CHUNK_LOGITS_BYTES``: it cuts the rows along T into chunks and, when differentiated,
-computes each chunk's gradient (towards the hidden states and the head's parameters) in
-the forward pass, so only one chunk's logits and their gradient are live at a time, at
-the FLOPs of the plain loss (no recomputed head).
+No loss path holds the whole ``[B, T, V]`` fp32 logits when they exceed
+``CHUNK_LOGITS_BYTES``: the head and loss of the packed loss and the held-out evaluation
+(``token_loss_sum``), and of ``next_token_loss``, cut the rows along T into chunks
+(``chunked_loss_sum``) and, when differentiated, compute each chunk's gradient (towards
+the hidden states and the head's parameters) in the forward pass, so only one chunk's
+logits and their gradient are live at a time, at the FLOPs of the plain loss (no
+recomputed head).
 """
 
 import math
@@ -17,7 +19,7 @@ import optax
 from flax import nnx
 from jax.extend.core import Var
 
-from jaxckpt.nn import trainable
+from jaxckpt.nn import constrain, trainable
 from jaxckpt.remat import RematSpec
 
 PACKED_FIELDS = ("inputs", "targets", "weights", "segment_ids", "positions")
@@ -66,13 +68,33 @@ def weighted_loss_sum(
         remat=remat,
         dropout_key=dropout_key,
     )
+    return token_loss_sum(model, x, batch.targets, batch.weights)
+
+
+def token_loss_sum(model: nnx.Module, x: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+    """``sum(weights * cross_entropy(model.logits(x), targets))`` in fp32, over hidden states
+    ``x [B, T, D]`` and ``targets``, ``weights`` ``[B, T]``: the head and the loss of every
+    loss path (the plain, the packed, the held-out one). When the fp32 logits ``[B, T, V]``
+    exceed ``CHUNK_LOGITS_BYTES`` they are never held whole: ``chunked_loss_sum`` runs the
+    head ``chunk_count`` slices of positions at a time; otherwise the logits are computed at
+    once (pinned to ``("batch", "seq", "vocab")``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from jaxckpt import nn
+        >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=1), rngs=nnx.Rngs(0))
+        >>> x, t = jnp.zeros((1, 3, model.config.d_model)), jnp.zeros((1, 3), jnp.int32)
+        >>> round(float(token_loss_sum(model, x, t, jnp.ones((1, 3)))), 3)  # uniform logits: 3 ln(256)
+        16.636
+    """
     vocab = jax.eval_shape(model.logits, x[:, :1]).shape[-1]
-    chunks = chunk_count(*batch.targets.shape, vocab)
+    chunks = chunk_count(*targets.shape, vocab)
     if chunks > 1:
-        return chunked_loss_sum(model, x, batch.targets, batch.weights, chunks)
-    logits = model.logits(x).astype(jnp.float32)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)
-    return jnp.sum(losses * batch.weights.astype(jnp.float32))
+        return chunked_loss_sum(model, x, targets, weights, chunks)
+    logits = constrain(model.logits(x), "batch", "seq", "vocab").astype(jnp.float32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return jnp.sum(losses * weights.astype(jnp.float32))
 
 
 def chunk_count(batch: int, seq: int, vocab: int, limit: int | None = None) -> int:

@@ -4,8 +4,10 @@
 ``train(model_config, run)`` trains it, ``jaxckpt.plan.Workload.from_run(model_config, run)``
 plans it, and ``jaxckpt train --config run.yaml`` reads it from a file. Its parts are
 ``DataConfig`` (what it reads), ``OptimizerConfig`` (how it updates), ``CheckpointConfig``
-(where it saves) and the memory choices (``remat``, ``attention``, ``budget``), which live
-here and not in the model's config: they change memory and time, never the numbers.
+(where it saves) and the memory choices (``remat``, ``attention``, ``budget``, ``mlp_chunk``),
+which live here and not in the model's config: they change memory and time, never the
+numbers. (The MLP reads its tiling from the model's config: ``RunConfig.model_config``
+puts the run's ``mlp_chunk`` there.)
 
 Every check runs once, when the value is built, and names the field (``batch=0 must be a
 positive int``, ``checkpoint.every=0 ...``); checks that need the model or the devices
@@ -195,6 +197,9 @@ class RunConfig:
             fits ``budget`` before training.
         attention: the ``flash_attention`` implementation (None: automatic).
         budget: device memory for ``remat="auto"``: bytes, or text such as ``"30GiB"``.
+        mlp_chunk: tile the MLP over chunks of this many tokens
+            (``nn.TransformerConfig.mlp_chunk``): the model the run trains is
+            ``model_config(config)``; None: the model config's own choice.
         progress: draw a progress bar.
 
     Raises:
@@ -228,6 +233,7 @@ class RunConfig:
     remat: "str | RematSpec" = "full"
     attention: "str | None" = None
     budget: "int | str | None" = None
+    mlp_chunk: "int | None" = None
     progress: bool = True
 
     def __post_init__(self):
@@ -244,6 +250,8 @@ class RunConfig:
                     f"RunConfig: {name} must be a {cls.__name__} or its dict, got {type(value).__name__}"
                 )
         check_on_nonfinite(self.on_nonfinite)
+        if self.mlp_chunk is not None:
+            require_positive_int("mlp_chunk", self.mlp_chunk)
         if self.budget is not None:
             object.__setattr__(self, "budget", parse_size(self.budget, "budget"))
         if self.remat == AUTO:
@@ -256,6 +264,18 @@ class RunConfig:
     def remat_spec(self) -> RematSpec:
         """``remat`` as a ``RematSpec`` (after the planner has resolved ``"auto"``)."""
         return get_remat(self.remat)
+
+    def model_config(self, config):
+        """The model this run trains: ``config`` (an ``nn.TransformerConfig``) with the run's
+        ``mlp_chunk`` when it sets one (a memory choice: the numbers stay the model's).
+
+        Example:
+            >>> from jaxckpt import nn, train
+            >>> run = train.RunConfig(steps=1, batch=2, seq=4096, mlp_chunk=1024)
+            >>> run.model_config(nn.TransformerConfig.preset("tiny")).mlp_chunk
+            1024
+        """
+        return config if self.mlp_chunk is None else config.replace(mlp_chunk=self.mlp_chunk)
 
     @property
     def step_optimizer(self) -> OptimizerConfig:

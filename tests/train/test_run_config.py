@@ -25,7 +25,7 @@ def test_defaults_and_parts_given_as_dicts():
     assert run.checkpoint == train.CheckpointConfig(dir="c", every=5)
     assert run.optimizer == train.OptimizerConfig() and run.optimizer.name == "adamw"
     assert (run.micro_batches, run.seed, run.on_nonfinite) == (1, 0, "stop")
-    assert (run.remat, run.attention, run.budget) == ("full", None, None)
+    assert (run.remat, run.attention, run.budget, run.mlp_chunk) == ("full", None, None, None)
     assert run.remat_spec == remat.get("full")
     assert _run(remat="auto", budget="1GiB").budget == 2**30
 
@@ -45,6 +45,7 @@ def test_round_trip_through_json_with_nested_parts_and_a_mesh(tmp_path):
         remat="save_attn",
         attention="xla",
         budget="2GiB",
+        mlp_chunk=512,
         progress=False,
     )
     written = json.loads(json.dumps(run.to_dict()))
@@ -125,6 +126,7 @@ def test_from_dict_takes_a_mapping():
         (dict(remat="everything"), "unknown remat preset 'everything'"),
         (dict(on_nonfinite="halt"), "on_nonfinite='halt' must be 'stop' or 'skip'"),
         (dict(budget="lots"), "budget 'lots' is not understood"),
+        (dict(mlp_chunk=0), "mlp_chunk=0 must be a positive int"),
         (dict(optimizer={"name": "lion"}), "name='lion' is not one of adamw, adafactor, sgd"),
     ],
 )
@@ -165,3 +167,10 @@ def test_train_and_the_planner_read_the_same_run():
     assert result.trainer.model.blocks.attn.implementation == workload.attention == "xla"
     assert result.trainer.spec == run.remat_spec == remat.get("save_attn")
     assert workload == plan.Workload(CFG, run.batch, run.seq, optimizer=run.optimizer, attention="xla")
+
+
+def test_the_runs_mlp_chunk_tiles_the_model_it_trains_and_plans():
+    run = _run(mlp_chunk=4)
+    assert run.model_config(CFG) == CFG.replace(mlp_chunk=4)
+    assert plan.Workload.from_run(CFG, run).config.mlp_chunk == 4
+    assert _run().model_config(CFG) is CFG  # None: the model config's own choice
