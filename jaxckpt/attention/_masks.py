@@ -24,6 +24,8 @@ def visible(
     q_seg=None,
     kv_seg=None,
     mask=None,
+    q_pos=None,
+    k_pos=None,
 ) -> jax.Array:
     """True where query ``q_idx`` may attend key ``k_idx``.
 
@@ -32,21 +34,27 @@ def visible(
 
     Args:
         cfg: the static mask (lengths, causal, window).
-        q_idx: absolute query positions.
-        k_idx: absolute key positions.
+        q_idx: absolute query indices (in the arrays the kernel holds).
+        k_idx: absolute key indices.
         q_len, kv_len: per-batch valid lengths, or None.
         q_seg, kv_seg: segment ids of the rows and columns, or None.
         mask: a boolean tile of the user mask (True = attend), or None.
+        q_pos, k_pos: the tokens' positions in the whole sequence, which the causal and
+            window rules compare instead of the indices (context parallelism: a shard
+            holds a chunk, or two in a load-balanced order); None: the indices. Padding
+            and lengths stay on the indices.
 
     Returns:
         A boolean array, the broadcast of all inputs.
     """
     ok = (q_idx < cfg.t) & (k_idx < cfg.s)
+    q_at = q_idx if q_pos is None else q_pos
+    k_at = k_idx if k_pos is None else k_pos
     if cfg.is_causal:
-        ok &= k_idx <= q_idx
+        ok &= k_at <= q_at
     if cfg.window is not None:
         left, right = cfg.window
-        ok &= (k_idx >= q_idx - left) & (k_idx <= q_idx + right)
+        ok &= (k_at >= q_at - left) & (k_at <= q_at + right)
     if q_len is not None:
         ok &= q_idx < q_len
     if kv_len is not None:
@@ -89,8 +97,9 @@ def row_sees_a_key(cfg: MaskConfig, q_idx, *, q_len=None, kv_len=None):
     return visible(cfg, q_idx, first, q_len=q_len, kv_len=kv_len)
 
 
-def _segment_span(seg: jax.Array, length: int, block: int, n_blocks: int):
-    """Min and max segment id inside each block, ignoring padding: two [B, n_blocks]."""
+def _span(seg: jax.Array, length: int, block: int, n_blocks: int):
+    """Min and max value (segment id, position) inside each block, ignoring padding:
+    two [B, n_blocks]."""
     pad = n_blocks * block - length
     big = jnp.iinfo(jnp.int32).max
     lo = jnp.pad(seg, ((0, 0), (0, pad)), constant_values=big).reshape(seg.shape[0], n_blocks, block)
@@ -112,13 +121,37 @@ def _mask_tiles(mask: jax.Array, bq: int, bk: int, nq: int, nk: int):
     return jnp.broadcast_to(tiles_any, (nq, nk)), jnp.broadcast_to(tiles_all, (nq, nk))
 
 
-def classify_tiles(cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int) -> tuple[jax.Array, jax.Array]:
+def _position_rules(cfg: MaskConfig, positions, bq: int, bk: int, nq: int, nk: int):
+    """The causal and window rules lifted to tiles from explicit positions (``q_pos [B, T]``,
+    ``kv_pos [B, S]``): each tile's span of positions, per batch row; two bool [nq, nk]."""
+    q_lo, q_hi = (x[:, :, None] for x in _span(positions[0], cfg.t, bq, nq))
+    k_lo, k_hi = (x[:, None, :] for x in _span(positions[1], cfg.s, bk, nk))
+    some = every = jnp.ones((1, nq, nk), bool)
+    if cfg.is_causal:
+        some, every = some & (k_lo <= q_hi), every & (k_hi <= q_lo)
+    if cfg.window is not None:
+        left, right = cfg.window
+        some &= (k_hi >= q_lo - left) & (k_lo <= q_hi + right)
+        every &= (k_lo >= q_hi - left) & (k_hi <= q_lo + right)
+    return some.any(0), every.all(0)
+
+
+def classify_tiles(
+    cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int, positions=None
+) -> tuple[jax.Array, jax.Array]:
     """Which ``[bq, bk]`` tiles hold some visible pair, and which are entirely visible.
 
     Each rule of :func:`visible` is lifted to tiles conservatively: a tile marked
     not-any is certainly fully masked, a tile marked all is certainly fully
     visible, for every batch element and head. The blockwise loops take their
     bounds from the first, and skip computing the mask on tiles of the second.
+
+    Args:
+        cfg: the static mask.
+        arrays: the traced mask arrays.
+        bq, bk: the tile sizes.
+        positions: ``(q_pos [B, T], kv_pos [B, S])``, the positions the causal and window
+            rules compare (:func:`visible`'s ``q_pos`` / ``k_pos``); None: the indices.
 
     Returns:
         ``(any, all)``, bool ``[nq, nk]`` with ``nq = ceil(T / bq)``, ``nk = ceil(S / bk)``.
@@ -132,10 +165,13 @@ def classify_tiles(cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int) -> tup
     k_hi = jnp.minimum(k_end, cfg.s - 1)
     some = jnp.ones((nq, nk), bool)
     every = (q_end < cfg.t) & (k_end < cfg.s)
-    if cfg.is_causal:
+    if positions is not None:
+        by_position = _position_rules(cfg, positions, bq, bk, nq, nk)
+        some, every = some & by_position[0], every & by_position[1]
+    elif cfg.is_causal:
         some &= k_lo <= q_hi
         every &= k_end <= q_lo
-    if cfg.window is not None:
+    if positions is None and cfg.window is not None:
         left, right = cfg.window
         some &= (k_hi >= q_lo - left) & (k_lo <= q_hi + right)
         every &= (k_lo >= q_end - left) & (k_end <= q_lo + right)
@@ -146,8 +182,8 @@ def classify_tiles(cfg: MaskConfig, arrays: MaskArrays, bq: int, bk: int) -> tup
         some &= k_lo < arrays.kv_lengths.max()
         every &= k_end < arrays.kv_lengths.min()
     if arrays.q_segments is not None:
-        qs_lo, qs_hi = _segment_span(arrays.q_segments, cfg.t, bq, nq)
-        ks_lo, ks_hi = _segment_span(arrays.kv_segments, cfg.s, bk, nk)
+        qs_lo, qs_hi = _span(arrays.q_segments, cfg.t, bq, nq)
+        ks_lo, ks_hi = _span(arrays.kv_segments, cfg.s, bk, nk)
         qs_lo, qs_hi, ks_lo, ks_hi = (
             qs_lo[:, :, None],
             qs_hi[:, :, None],

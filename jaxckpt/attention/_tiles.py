@@ -94,6 +94,8 @@ class Tiles(NamedTuple):
     seed: jax.Array | None  # uint32 dropout seed
     visible: jax.Array  # bool [nq, nk]: tiles holding a visible pair (loop bounds)
     full: jax.Array  # bool [nq, nk]: tiles entirely visible (no mask to compute)
+    q_pos: jax.Array | None = None  # [nq, B, bq]: positions the causal/window rules compare
+    kv_pos: jax.Array | None = None  # [nk, B, bk]
 
 
 def _pad_to(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
@@ -172,13 +174,19 @@ def pairwise_to_tiles(x: jax.Array, tl: Tiling, fill) -> jax.Array:
     return x
 
 
-def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
-    """Puts canonical inputs (rank-4 BTNH etc.) into tile layout."""
+def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling, positions=None) -> Tiles:
+    """Puts canonical inputs (rank-4 BTNH etc.) into tile layout.
+
+    ``positions``: ``(q_pos [B, T], kv_pos [B, S])``, the tokens' positions in the whole
+    sequence, which the causal and window rules then compare instead of the indices
+    (:func:`jaxckpt.attention._masks.visible`); None: the indices.
+    """
 
     def seg(x, n, blk):
         return None if x is None else _pad_to(x, 1, n * blk, -1).reshape(x.shape[0], n, blk).swapaxes(0, 1)
 
-    visible, full = classify_tiles(tl.static.mask, arrays, tl.bq, tl.bk)
+    q_pos, kv_pos = (None, None) if positions is None else positions
+    visible, full = classify_tiles(tl.static.mask, arrays, tl.bq, tl.bk, positions)
     return Tiles(
         q=rows_to_tiles(tl.scaled_q(q), tl),
         k_t=keys_to_tiles_t(k, tl),
@@ -192,6 +200,8 @@ def to_tiles(q, k, v, bias, arrays: MaskArrays, seed, tl: Tiling) -> Tiles:
         seed=seed,
         visible=visible,
         full=full,
+        q_pos=seg(q_pos, tl.nq, tl.bq),
+        kv_pos=seg(kv_pos, tl.nk, tl.bk),
     )
 
 
@@ -233,6 +243,8 @@ def tile_visible(tl: Tiling, d: Tiles, i, j) -> jax.Array:
         q_seg=None if d.q_seg is None else d.q_seg[i][:, None, None, :, None],
         kv_seg=None if d.kv_seg is None else d.kv_seg[j][:, None, None, None, :],
         mask=None if d.mask is None else pairwise_tile(d.mask, tl, i, j),
+        q_pos=None if d.q_pos is None else d.q_pos[i][:, None, None, :, None],
+        k_pos=None if d.kv_pos is None else d.kv_pos[j][:, None, None, None, :],
     )
 
 
