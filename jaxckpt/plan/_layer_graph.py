@@ -229,27 +229,36 @@ def _mlp(parts: _Parts, cfg: TransformerConfig, n: int, held_rows: int) -> None:
     """up (and gate) from ``n2``, the activation ``a``, ``down``; a recomputed backward holds
     the activation's internals over ``held_rows`` rows (one chunk's under tiling: ``mlp_rows``).
 
-    Tiled (``held_rows < n``), the MLP recomputes its chunks even without remat, so autodiff
+    Tiled (``held_rows < n``), the backward reads one chunk's gate, up and activation: values
+    ``g_chunk``, ``u_chunk``, ``a_chunk`` of ``held_rows`` rows, cut (at no cost) from the whole
+    ones, which a spec that saves their tags still keeps whole (stacked over the chunks) and
+    one that does not recomputes. The MLP recomputes its chunks even without remat, so autodiff
     keeps none of its values then (``unkept``), only its input ``n2``.
     """
-    d, f, first = cfg.d_model, cfg.ffn_dim, len(parts.values)
+    d, f, e, first = cfg.d_model, cfg.ffn_dim, cfg.compute_dtype.itemsize, len(parts.values)
+    tiled = held_rows < n
     act_in = ("u",)
     if cfg.activation in GATED:
         _projection(parts, cfg, "gate", "n2", "g", Tag.MLP_GATE, n, (d, f), cfg.mlp_bias, "gate", held_rows)
         act_in = ("g", "u")
     _projection(parts, cfg, "up", "n2", "u", Tag.MLP_UP, n, (d, f), cfg.mlp_bias, "up", held_rows)
     cost = ACTIVATION_COSTS[cfg.activation]
-    parts.values.append(Value("a", Tag.MLP_ACT, n * f * cfg.compute_dtype.itemsize))
+    parts.values.append(Value("a", Tag.MLP_ACT, n * f * e))
     parts.ops.append(Op("act", act_in, ("a",), cost.flops * n * f))
-    parts.reads.update(act_in)
+    read = {name: name for name in (*act_in, "a")}
+    if tiled:
+        read = {name: f"{name}_chunk" for name in read}
+        parts.values += [Value(chunk, None, held_rows * f * e) for chunk in read.values()]
+        parts.ops.append(Op("chunk", tuple(read), tuple(read.values()), 0))
+    parts.reads.update(read[name] for name in act_in)
     internals, held = cost.internals, cost.held_gpu if parts.gpu else cost.held
     if cfg.lora is not None and not set(cfg.lora.targets) & set(MLP_TARGETS):
         # a frozen MLP: no weight gradient waits on the activation's cotangents
         internals, held = internals - min(internals, 1), held - min(held, 2)
-    tiled = held_rows < n
-    parts.internals += 0 if tiled else internals * n * f * cfg.compute_dtype.itemsize
-    parts.held += held * held_rows * f * cfg.compute_dtype.itemsize
-    _projection(parts, cfg, "down", "a", "down", Tag.MLP_DOWN, n, (f, d), cfg.mlp_bias, "down", held_rows)
+    parts.internals += 0 if tiled else internals * n * f * e
+    parts.held += held * held_rows * f * e
+    down = ("down", read["a"], "down", Tag.MLP_DOWN, n, (f, d), cfg.mlp_bias, "down", held_rows)
+    _projection(parts, cfg, *down)
     if tiled:
         parts.unkept.update(v.name for v in parts.values[first:] if v.name != "down")  # its output stays
 

@@ -218,3 +218,23 @@ def test_mlp_chunk_round_trips_through_the_config_dict():
     config = SWIGLU.replace(mlp_chunk=CHUNK)
     assert TransformerConfig.from_dict(config.to_dict()) == config
     assert config != SWIGLU
+
+
+def test_a_model_under_a_spec_that_saves_and_offloads_mlp_tags_keeps_its_numbers():
+    """Through the scanned, remat'd stack: ``offload_minimal`` saves the MLP's projections
+    (stacked over chunks) and offloads them to host memory, tiled or not."""
+    if not remat.has_pinned_host():
+        pytest.skip("no pinned_host memory on this backend")
+    tokens = jnp.arange(3 * T, dtype=jnp.int32).reshape(3, T) % TINY.vocab_size
+
+    def loss_and_grads(config):
+        graphdef, params, rest = nnx.split(nn.Transformer(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+
+        def loss(params):
+            return jnp.sum(nnx.merge(graphdef, params, rest)(tokens, remat="offload_minimal") ** 2)
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    expected, tiled = loss_and_grads(TINY), loss_and_grads(TINY.replace(mlp_chunk=CHUNK))
+    for e, t in zip(jax.tree.leaves(expected), jax.tree.leaves(tiled), strict=True):
+        assert _rel(t, e) <= 1e-6
