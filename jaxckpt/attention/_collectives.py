@@ -24,6 +24,7 @@ _OP = re.compile(r"=\s*(\([^=]*?\)|\S+)\s+([\w\-]+)\(")
 _CALLEE = re.compile(r"\b(?:body|to_apply|calls|condition|true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_COMMENT = re.compile(r"/\*.*?\*/")
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 
 
@@ -102,6 +103,7 @@ def _count(comps: dict[str, list[str]], name: str, memo: dict) -> tuple[dict, di
         return memo[name]
     found, ops, unknown = dict.fromkeys(COLLECTIVES, 0), dict.fromkeys(COLLECTIVES, 0), 0
     for line in comps.get(name, ()):
+        line = _COMMENT.sub("", line)  # a long tuple's /*index=5*/ marks
         op = _OP.search(line)
         if op is not None:
             result, opcode = op.groups()
@@ -141,12 +143,13 @@ def collective_bytes(compiled) -> CollectiveBytes:
         ...     "ENTRY %main (a: f32[8]) -> f32[16] {",
         ...     "  %w = (s32[], f32[8]) while((s32[], f32[8]) %t), condition=%c, body=%body,"
         ...     ' backend_config={"known_trip_count":{"n":"3"}}',
+        ...     "  %r = (f32[2], /*index=1*/f32[3]) all-reduce(f32[2] %b, f32[3] %c), to_apply=%add",
         ...     "  ROOT %g = f32[16]{0} all-gather(f32[8]{0} %a), dimensions={0}",
         ...     "}",
         ... ])
-        >>> counted = collective_bytes(hlo)  # 3 permutes of 8 fp32 in the loop, one gather of 16
-        >>> counted.bytes["collective-permute"], counted.bytes["all-gather"], counted.total
-        (96, 64, 160)
+        >>> counted = collective_bytes(hlo)  # 3 permutes of 8 fp32 in the loop, 5 reduced, 16 gathered
+        >>> counted.bytes["collective-permute"], counted.bytes["all-reduce"], counted.bytes["all-gather"]
+        (96, 20, 64)
     """
     hlo = compiled if isinstance(compiled, str) else compiled.as_text()
     comps, entry = _computations(hlo)

@@ -8,6 +8,10 @@ pinned with ``jax.lax.with_sharding_constraint``. Without the pins XLA's partiti
 is free to keep activations whole on every device and split the matmuls along the
 parameters' sharded axes instead, so per-device activation memory would not fall
 with the number of devices.
+
+When the rules split ``seq`` over a mesh axis of more than one device (context
+parallelism), the attention runs ``jaxckpt.attention.context_parallel_attention`` across
+the shards, with the strategy ``activation_sharding(..., context_parallel=...)`` names.
 """
 
 import contextlib
@@ -17,15 +21,34 @@ from collections.abc import Iterator, Mapping
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
+
 _ACTIVE: contextvars.ContextVar["tuple[Mesh, dict] | None"] = contextvars.ContextVar(
     "jaxckpt_activation_sharding", default=None
+)
+CONTEXT_PARALLEL_DEFAULT = "all_gather"
+"""The context-parallel strategy when none is named (MaxText's default too)."""
+_STRATEGY: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "jaxckpt_context_parallel", default=CONTEXT_PARALLEL_DEFAULT
 )
 
 
 @contextlib.contextmanager
-def activation_sharding(mesh: Mesh, rules: Mapping[str, "str | tuple[str, ...] | None"]) -> Iterator[None]:
+def activation_sharding(
+    mesh: Mesh,
+    rules: Mapping[str, "str | tuple[str, ...] | None"],
+    *,
+    context_parallel: str = CONTEXT_PARALLEL_DEFAULT,
+) -> Iterator[None]:
     """While active, ``constrain`` pins activations to ``mesh`` by ``rules``
     (logical name -> mesh axis or axes; names not in ``rules`` are not split).
+
+    ``context_parallel``: the strategy of the attention across the shards of a sequence
+    the rules split (``seq`` over a mesh axis of more than one device): ``"all_gather"``
+    or ``"ring"`` (``jaxckpt.attention.CONTEXT_PARALLEL_STRATEGIES``).
+
+    Raises:
+        ValueError: for an unknown ``context_parallel``.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -35,10 +58,15 @@ def activation_sharding(mesh: Mesh, rules: Mapping[str, "str | tuple[str, ...] |
         >>> y.shape
         (2, 3)
     """
-    token = _ACTIVE.set((mesh, dict(rules)))
+    if context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
+        raise ValueError(
+            f"context_parallel must be one of {sorted(CONTEXT_PARALLEL_STRATEGIES)}; got {context_parallel!r}"
+        )
+    token, strategy = _ACTIVE.set((mesh, dict(rules))), _STRATEGY.set(context_parallel)
     try:
         yield
     finally:
+        _STRATEGY.reset(strategy)
         _ACTIVE.reset(token)
 
 
@@ -51,6 +79,17 @@ def active_sharding() -> "tuple[Mesh, dict] | None":
         True
     """
     return _ACTIVE.get()
+
+
+def context_parallel_strategy() -> str:
+    """The context-parallel strategy of the active ``activation_sharding`` (its default
+    outside one).
+
+    Example:
+        >>> context_parallel_strategy()
+        'all_gather'
+    """
+    return _STRATEGY.get()
 
 
 def constrain(x: jax.Array, *names: str) -> jax.Array:

@@ -8,8 +8,14 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from jaxckpt.attention import MANUAL_PARTITIONING, flash_attention, normalize, resolve_implementation
-from jaxckpt.nn._activation_sharding import active_sharding, constrain
+from jaxckpt.attention import (
+    MANUAL_PARTITIONING,
+    context_parallel_attention,
+    flash_attention,
+    normalize,
+    resolve_implementation,
+)
+from jaxckpt.nn._activation_sharding import active_sharding, constrain, context_parallel_strategy
 from jaxckpt.nn._choices import LayerKind, Positions, RopeKind
 from jaxckpt.nn._config import TransformerConfig
 from jaxckpt.nn._kv_cache import LayerCache
@@ -37,6 +43,33 @@ def _shard_mapped(attend, args: tuple, mesh, rules: dict) -> jax.Array:
     return jax.shard_map(attend, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
 
 
+def _seq_axis(mesh, rules: dict) -> "str | None":
+    """The mesh axis the rules split the sequence over, when it has more than one device."""
+    axis = rules.get("seq")
+    return axis if isinstance(axis, str) and mesh.shape.get(axis, 1) > 1 else None
+
+
+def _context_parallel(options: dict, args: tuple, positions, mesh, rules: dict, axis: str) -> jax.Array:
+    """``context_parallel_attention`` inside ``jax.shard_map``: q/k/v ``[B, T, heads, H]``
+    split along T over ``axis`` (and as the rules split ``batch`` and ``heads``), each
+    device attending with its queries across every shard, masks from the tokens'
+    ``positions`` (``[T]`` or ``[B, T]``, in whatever order the tokens are)."""
+    b, t = args[0].shape[:2]
+    positions = jnp.broadcast_to(jnp.asarray(positions).astype(jnp.int32), (b, t))
+    batch, heads = rules.get("batch"), rules.get("heads")
+    spec, rows = PartitionSpec(batch, axis, heads, None), PartitionSpec(batch, axis)
+    strategy = context_parallel_strategy()
+
+    def local(q, key, value, pos, *seg):
+        seg = seg[0] if seg else None
+        return context_parallel_attention(
+            q, key, value, pos, axis_name=axis, strategy=strategy, segment_ids=seg, **options
+        )
+
+    specs = (spec, spec, spec, rows, rows)[: len(args) + 1]
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(*args[:3], positions, *args[3:])
+
+
 class Attention(nnx.Module):
     """Self-attention: q/k/v projections, optional q/k norm, RoPE, attention, output projection.
 
@@ -45,7 +78,10 @@ class Attention(nnx.Module):
 
     The attention itself is ``jaxckpt.flash_attention`` with the ``implementation`` given
     here (None: automatic) and the config's scale and logit soft cap; GQA is passed
-    through without repeating K/V.
+    through without repeating K/V. Under an ``activation_sharding`` whose rules split
+    ``seq`` over a mesh axis of more than one device (context parallelism), it is
+    ``jaxckpt.attention.context_parallel_attention`` inside ``jax.shard_map``, with that
+    context's strategy and masks from the tokens' ``positions`` (in any order).
 
     Example:
         >>> import jax.numpy as jnp
@@ -114,7 +150,7 @@ class Attention(nnx.Module):
             return None
         return (cfg.sliding_window - 1, 0 if cfg.causal else cfg.sliding_window - 1)
 
-    def _attend(self, q, key, value, window, segment_ids=None, mask=None) -> jax.Array:
+    def _attend(self, q, key, value, window, segment_ids=None, mask=None, positions=None) -> jax.Array:
         cfg = self.config
         options = dict(
             mask=mask,
@@ -130,6 +166,16 @@ class Attention(nnx.Module):
         active = active_sharding()
         if active is None:
             return attend(*args)
+        axis = _seq_axis(*active)
+        if axis is not None and mask is None:  # the sequence is split: attend across its shards
+            if self.implementation not in (None, "blockwise"):
+                raise ValueError(
+                    f"Attention(implementation={self.implementation!r}): a sequence split over the "
+                    f"mesh axis {axis!r} runs the blockwise kernel across the shards; use "
+                    "implementation=None or 'blockwise'"
+                )
+            options = {arg: given for arg, given in options.items() if arg != "mask"}
+            return _context_parallel(options, args, positions, *active, axis)
         name = resolve_implementation(
             normalize(*args[:3], segment_ids=segment_ids, **options), self.implementation
         )
@@ -201,10 +247,13 @@ class Attention(nnx.Module):
             return checkpoint_name(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ), cache
         distinct = list(dict.fromkeys(windows))
         if len(distinct) == 1:
-            out = self._attend(q, key, value, distinct[0], segment_ids)
+            out = self._attend(q, key, value, distinct[0], segment_ids, positions=positions)
         else:
             which = jnp.asarray([distinct.index(w) for w in windows])[index]
-            branches = [lambda q, k, v, w=w: self._attend(q, k, v, w, segment_ids) for w in distinct]
+            branches = [
+                lambda q, k, v, w=w: self._attend(q, k, v, w, segment_ids, positions=positions)
+                for w in distinct
+            ]
             out = jax.lax.switch(which, branches, q, key, value)
         return checkpoint_name(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ)
 

@@ -1,8 +1,11 @@
 """Data parallelism and FSDP (ZeRO-3 style) on a JAX mesh: which array lives where.
 
-Axis names: ``data`` (replicas of the state, the batch split across them) and
+Axis names: ``data`` (replicas of the state, the batch split across them),
 ``fsdp`` (parameters, gradients and optimizer state split across them, as is the
-batch). JAX's SPMD partitioner inserts the all-gathers and reduce-scatters.
+batch) and, when asked for, ``seq`` (context parallelism: every activation split along
+the sequence, the attention computed across the shards by
+``jaxckpt.attention.context_parallel_attention``). JAX's SPMD partitioner inserts the
+all-gathers and reduce-scatters.
 
 Where a leaf lives follows the logical axis names the NNX modules give every
 parameter (``jaxckpt.nn.logical_axes``; the optimizer's moments inherit them) and
@@ -10,7 +13,8 @@ parameter (``jaxckpt.nn.logical_axes``; the optimizer's moments inherit them) an
 logical name may be split and whose size ``fsdp`` divides, and replicated when none
 does (scalars, small vectors). The stacked-layer axis is never split: the scan
 slices one layer at a time, and each layer's all-gather stays inside the loop.
-Activations are pinned by ``ACTIVATION_RULES``: split over the batch on every axis.
+Activations are pinned by ``activation_rules(mesh)``: the batch split over ``data`` and
+``fsdp``, the sequence over ``seq``.
 """
 
 import math
@@ -22,8 +26,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxckpt.nn import logical_axes
 
-AXES = ("data", "fsdp")
-"""The mesh axes jaxckpt understands."""
+AXES = ("data", "fsdp", "seq")
+"""The mesh axes jaxckpt understands (``seq`` is in a mesh only when asked for)."""
+
+BATCH_AXES = ("data", "fsdp")
+"""The mesh axes the batch is split over."""
+
+SEQ_AXIS = "seq"
+"""The mesh axis the sequence is split over (context parallelism)."""
 
 LOGICAL_AXIS_RULES = {
     "vocab": "fsdp",
@@ -39,13 +49,41 @@ LOGICAL_AXIS_RULES = {
 }
 """Logical axis name -> the mesh axis it may be split over (None: never split)."""
 
-ACTIVATION_RULES = {"batch": AXES}
-"""Activation logical axis -> mesh axes (``jaxckpt.nn.constrain``): the batch over every
-axis, as the tokens are; the other activation axes stay whole."""
+ACTIVATION_RULES = {"batch": BATCH_AXES}
+"""Activation logical axis -> mesh axes (``jaxckpt.nn.constrain``) on a mesh without ``seq``:
+the batch over ``data`` and ``fsdp``, as the tokens are; the other activation axes stay whole."""
+
+
+def activation_rules(mesh: Mesh) -> dict:
+    """The activation rules of ``mesh``: ``ACTIVATION_RULES``, and ``seq -> "seq"`` when the
+    mesh has a ``seq`` axis (every activation split along T).
+
+    Example:
+        >>> import jax
+        >>> activation_rules(make_mesh({"fsdp": 1}, devices=jax.devices()[:1]))
+        {'batch': ('data', 'fsdp')}
+        >>> activation_rules(make_mesh({"seq": 1}, devices=jax.devices()[:1]))
+        {'batch': ('data', 'fsdp'), 'seq': 'seq'}
+    """
+    rules = dict(ACTIVATION_RULES)
+    if SEQ_AXIS in mesh.shape:
+        rules["seq"] = SEQ_AXIS
+    return rules
+
+
+def seq_split(mesh: "Mesh | None") -> int:
+    """How many devices the sequence is split over: the ``seq`` axis's size (1 without one).
+
+    Example:
+        >>> seq_split(None)
+        1
+    """
+    return 1 if mesh is None else int(mesh.shape.get(SEQ_AXIS, 1))
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2,fsdp=4"`` -> ``{"data": 2, "fsdp": 4}``.
+    """``"data=2,fsdp=4"`` -> ``{"data": 2, "fsdp": 4}`` (``"data=1,fsdp=2,seq=4"``: with a
+    ``seq`` axis of 4, context parallelism).
 
     Raises:
         ValueError: for an unknown axis, a size that is not a positive integer, or a
@@ -54,6 +92,8 @@ def parse_mesh(text: str) -> dict[str, int]:
     Example:
         >>> parse_mesh("data=2,fsdp=4")
         {'data': 2, 'fsdp': 4}
+        >>> parse_mesh("fsdp=2,seq=4")
+        {'fsdp': 2, 'seq': 4}
     """
     axes: dict[str, int] = {}
     for part in str(text).split(","):
@@ -72,7 +112,7 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
     """A mesh over ``devices`` (default: all of this process's) with the given axis sizes
-    (missing axes: 1).
+    (missing ``data`` or ``fsdp``: 1; ``seq`` only when given).
 
     Raises:
         ValueError: when the sizes' product is not the number of devices (naming both).
@@ -83,7 +123,8 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
         {'data': 1, 'fsdp': 1}
     """
     axes = parse_mesh(axes) if isinstance(axes, str) else dict(axes)
-    shape = tuple(axes.get(name, 1) for name in AXES)
+    names = BATCH_AXES + ((SEQ_AXIS,) if SEQ_AXIS in axes else ())
+    shape = tuple(axes.get(name, 1) for name in names)
     devices = list(jax.devices() if devices is None else devices)
     if math.prod(shape) != len(devices):  # before any array is placed or step compiled
         text = ",".join(f"{name}={size}" for name, size in axes.items())
@@ -93,13 +134,14 @@ def make_mesh(axes: "dict[str, int] | str", devices=None) -> Mesh:
             f"mesh={text!r} needs {math.prod(shape)} devices; this process sees {len(devices)}{spans} "
             "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N)"
         )
-    auto = (jax.sharding.AxisType.Auto,) * len(AXES)  # XLA's SPMD partitioner places collectives
-    return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+    auto = (jax.sharding.AxisType.Auto,) * len(names)  # XLA's SPMD partitioner places collectives
+    return jax.make_mesh(shape, names, axis_types=auto, devices=devices)
 
 
 def check_batch_split(batch: int, mesh: "Mesh | None") -> None:
-    """Raises a ValueError naming ``batch`` unless the mesh's devices split it evenly
-    (data and fsdp both split the batch; no mesh: one device, any batch).
+    """Raises a ValueError naming ``batch`` unless the mesh's batch axes split it evenly
+    (data and fsdp both split the batch, ``seq`` splits the sequence; no mesh: one device,
+    any batch).
 
     ``train.train`` calls it at entry, before the model is built.
 
@@ -108,12 +150,13 @@ def check_batch_split(batch: int, mesh: "Mesh | None") -> None:
         >>> check_batch_split(3, make_mesh({"fsdp": 1}, devices=jax.devices()[:1]))
         >>> check_batch_split(3, None)
     """
-    if mesh is None or batch % mesh.size == 0:
+    split = 1 if mesh is None else mesh.size // seq_split(mesh)
+    if batch % split == 0:
         return
-    axes = " x ".join(f"{name} {size}" for name, size in mesh.shape.items())  # not name=: a flag's
-    fits = mesh.size * max(1, round(batch / mesh.size))
+    axes = " x ".join(f"{name} {mesh.shape[name]}" for name in BATCH_AXES)  # not name=: a flag's
+    fits = split * max(1, round(batch / split))
     raise ValueError(
-        f"batch={batch} must be a multiple of the mesh's {mesh.size} devices ({axes}): each device "
+        f"batch={batch} must be a multiple of the mesh's {split} devices ({axes}): each device "
         f"takes an equal share of the batch; e.g. batch={fits}"
     )
 
@@ -171,8 +214,9 @@ def state_shardings(state, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Token batches ``[M, B, T + 1]``: B split over every mesh axis (data and fsdp)."""
-    return NamedSharding(mesh, PartitionSpec(None, AXES))
+    """Token batches ``[M, B, T + 1]``: B split over the batch axes (data and fsdp); the
+    step itself splits T over ``seq`` (after putting it in the zigzag order)."""
+    return NamedSharding(mesh, PartitionSpec(None, BATCH_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -9,6 +9,8 @@ import numpy as np
 from flax import nnx
 
 from jaxckpt._sizes import format_bytes, host_memory
+from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES, to_zigzag
+from jaxckpt.data import PackedBatch
 from jaxckpt.nn import activation_sharding, trainable
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -20,10 +22,11 @@ from jaxckpt.train._master import compute_copies, require_master_weights, step_m
 from jaxckpt.train._offload import offload_shardings, require_host_memory
 from jaxckpt.train._optimizers import OptimizerConfig
 from jaxckpt.train._sharding import (
-    ACTIVATION_RULES,
+    activation_rules,
     batch_sharding,
     check_batch_split,
     replicated,
+    seq_split,
     state_shardings,
 )
 
@@ -39,6 +42,39 @@ def _dropout_key(model, optimizer, seed: int) -> "jax.Array | None":
     return jax.random.fold_in(jax.random.key(seed), optimizer.step[...])
 
 
+def zigzag_batch(batch, n: int):
+    """``batch`` with every position of its rows in the load-balanced order of a sequence
+    split over ``n`` devices (``jaxckpt.attention.zigzag_order``), for context parallelism.
+
+    A token batch ``[M, B, T + 1]`` becomes a packed-form batch (``jaxckpt.data.PackedBatch``
+    with ``inputs``, ``targets``, weights 1, no segment ids and ``positions`` ``0..T-1``)
+    so that each target stays with its input; a packed batch has all its fields reordered.
+    The model then reads the positions (RoPE, and the attention's masks), so its loss is
+    the loss of the original order (fp32 rounding aside).
+
+    Raises:
+        ValueError: unless ``2 * n`` divides T, naming both.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> zigzag_batch(jnp.arange(9)[None, None], 2).positions.tolist()
+        [[[0, 1, 6, 7, 2, 3, 4, 5]]]
+    """
+    if not is_packed(batch):
+        inputs, targets = batch[..., :-1], batch[..., 1:]
+        positions = jnp.broadcast_to(jnp.arange(inputs.shape[-1], dtype=jnp.int32), inputs.shape)
+        batch = PackedBatch(inputs, targets, jnp.ones(inputs.shape, jnp.float32), None, positions)
+    t = batch.inputs.shape[-1]
+    if t % (2 * n):
+        raise ValueError(
+            f"seq={t} must be a multiple of 2 x the mesh's seq={n} = {2 * n}: each device of the "
+            f"seq axis holds two chunks of every row (the load-balanced order); "
+            f"e.g. seq={2 * n * max(1, t // (2 * n))}"
+        )
+    fields = (getattr(batch, name) for name in PACKED_FIELDS)
+    return type(batch)(*(None if x is None else to_zigzag(x, n, axis=2) for x in fields))
+
+
 def _train_step(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -48,6 +84,7 @@ def _train_step(
     mesh=None,
     seed: int = 0,
     masters: "OptimizerConfig | None" = None,
+    context_parallel: str = "all_gather",
 ):
     model, optimizer = nnx.merge(graphdef, state)
     model_def, params, rest = nnx.split(model, trainable(model.config), ...)
@@ -59,8 +96,10 @@ def _train_step(
         params, accumulate = compute_copies(params, model.config.compute_dtype), jnp.float32
     if mesh is None:
         loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale, accumulate)
-    else:  # activations split over the batch, as the tokens are
-        with activation_sharding(mesh, ACTIVATION_RULES):
+    else:  # activations split over the batch, as the tokens are, and over T with a seq axis
+        if seq_split(mesh) > 1:
+            batch = zigzag_batch(batch, seq_split(mesh))
+        with activation_sharding(mesh, activation_rules(mesh), context_parallel=context_parallel):
             loss, grads = loss_and_grads(model_def, params, rest, batch, spec, key, scale, accumulate)
     finite = all_finite((loss, grads))
     skips = scaler is not None and scaler.skip_nonfinite
@@ -92,6 +131,7 @@ def jit_train_step(
     mesh=None,
     seed: int = 0,
     masters: "OptimizerConfig | None" = None,
+    context_parallel: str = "all_gather",
 ):
     """The jitted step ``(state, batch [M, B, T + 1]) -> (state, loss)`` with ``state``
     donated; ``state`` is ``nnx.split((model, nnx.Optimizer))[1]``, real or abstract.
@@ -99,6 +139,9 @@ def jit_train_step(
     With a ``mesh``, ``shardings`` (the state's, from ``state_shardings``) pin the
     state in and out, and the batch is split over the mesh (data parallel + FSDP).
     Without one, ``shardings`` (``offload_shardings``) pin the state's memory kinds.
+    A mesh with a ``seq`` axis also splits every row along T (context parallelism): the
+    step puts the rows in the zigzag order (``zigzag_batch``) and the attention runs
+    across the shards with the ``context_parallel`` strategy (``"all_gather"``, ``"ring"``).
 
     A ``TrainOptimizer`` (``OptimizerConfig.build``) brings its loss scaler: the loss is
     scaled and the gradients unscaled, and with ``skip_nonfinite`` a step whose loss or
@@ -119,7 +162,15 @@ def jit_train_step(
         >>> bool(loss > 0)
         True
     """
-    step = functools.partial(_train_step, graphdef, spec=spec, mesh=mesh, seed=seed, masters=masters)
+    step = functools.partial(
+        _train_step,
+        graphdef,
+        spec=spec,
+        mesh=mesh,
+        seed=seed,
+        masters=masters,
+        context_parallel=context_parallel,
+    )
     if mesh is None:
         if shardings is None:
             return jax.jit(step, donate_argnums=0)
@@ -211,10 +262,14 @@ class Trainer:
             by default).
         mesh: a ``jax.sharding.Mesh`` with axes ``data`` and ``fsdp`` (``make_mesh``):
             parameters, gradients and optimizer state are split over ``fsdp``, batches
-            over both. None: one device. In a multi-process run (``train.initialize``) the
-            mesh spans every process's devices, and every process must build the same
-            model and pass the same global batches; each places only its own shards.
+            over both; with a ``seq`` axis too, every row is split along T over it
+            (context parallelism, the rows in the zigzag order). None: one device. In a
+            multi-process run (``train.initialize``) the mesh spans every process's devices,
+            and every process must build the same model and pass the same global batches;
+            each places only its own shards.
         seed: the LoRA adapters' dropout draws from it (with the step count).
+        context_parallel: on a mesh with a ``seq`` axis, the attention's strategy across
+            the shards: ``"all_gather"`` (default) or ``"ring"``.
 
     A model with LoRA adapters (``config.lora``) trains them alone: the optimizer is over
     ``nnx.LoRAParam`` (``nn.trainable``), and the base gets no gradient and no state.
@@ -248,7 +303,11 @@ class Trainer:
         remat="full",
         mesh=None,
         seed: int = 0,
+        context_parallel: str = "all_gather",
     ):
+        if context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
+            choices = sorted(CONTEXT_PARALLEL_STRATEGIES)
+            raise ValueError(f"context_parallel must be one of {choices}; got {context_parallel!r}")
         self.config = model.config
         self.spec = get_remat(remat)
         self.optimizer = optimizer or OptimizerConfig()
@@ -275,7 +334,9 @@ class Trainer:
         if self.shardings is not None:
             self.state = put_global(self.state, self.shardings)
         masters = self.optimizer if self.optimizer.offload_master else None
-        self._step = jit_train_step(self.graphdef, self.spec, self.shardings, mesh, seed, masters)
+        self._step = jit_train_step(
+            self.graphdef, self.spec, self.shardings, mesh, seed, masters, context_parallel
+        )
         self._compiled: dict[tuple[int, ...], jax.stages.Compiled] = {}
 
     def step(self, batch) -> jax.Array:
