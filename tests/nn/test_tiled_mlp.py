@@ -25,7 +25,8 @@ GELU_BIAS = TransformerConfig(
     family="gpt2", d_model=D, n_heads=1, ffn_dim=F, mlp_bias=True, activation="gelu"
 )
 LORA = SWIGLU.replace(lora=nn.LoraConfig(rank=3, targets=("gate", "up", "down")))
-CASES = {"swiglu": SWIGLU, "gelu+bias": GELU_BIAS, "swiglu+lora": LORA}
+QLORA = LORA.replace(quantize_base="nf4")
+CASES = {"swiglu": SWIGLU, "gelu+bias": GELU_BIAS, "swiglu+lora": LORA, "swiglu+qlora-nf4": QLORA}
 
 
 def _randomised(module: nnx.Module, seed: int) -> nnx.Module:
@@ -61,8 +62,8 @@ def _output_and_grads(config: TransformerConfig, x, w):
 def test_tiled_equals_untiled_forward_and_gradients(name):
     config = CASES[name]
     key_x, key_w = jax.random.split(jax.random.key(2))
-    x = jax.random.normal(key_x, (B, T, D), jnp.float32)
-    w = jax.random.normal(key_w, (B, T, D), jnp.float32)
+    x = jax.random.normal(key_x, (B, T, config.d_model), jnp.float32)
+    w = jax.random.normal(key_w, (B, T, config.d_model), jnp.float32)
     y, (g_params, g_x) = _output_and_grads(config, x, w)
     tiled, (t_params, t_x) = _output_and_grads(config.replace(mlp_chunk=CHUNK), x, w)
     assert _rel(tiled, y) <= 1e-6
