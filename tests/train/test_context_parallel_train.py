@@ -1,7 +1,8 @@
 """Context parallelism in training: a ``seq`` mesh axis splits every row along T (in the
 zigzag order) and the attention runs across the shards. Five steps of a tiny LoRA model
 on ``fsdp=2,seq=4`` and on ``seq=8`` have the losses of one device (fp32, 1e-5), for
-both strategies, on token windows and on packed rows.
+both strategies, on token windows and on packed rows; and with remat presets, QLoRA and
+the tiled MLP.
 
 Each trainer is built, compiled and run once per module (``_losses`` is cached).
 """
@@ -14,6 +15,7 @@ import pytest
 from flax import nnx
 
 from jaxckpt import nn, train
+from jaxckpt import remat as remat_presets
 from jaxckpt.attention import collective_bytes, zigzag_order
 from jaxckpt.data import PackedBatch
 from jaxckpt.train._sharding import activation_rules
@@ -63,11 +65,17 @@ def _windows(step: int) -> np.ndarray:
 
 
 @functools.cache
-def _run(mesh: "str | None", strategy: str = "all_gather", packed: bool = False, remat: str = "full"):
-    """STEPS losses of the tiny LoRA model on ``mesh`` (None: one device), and the
-    communication of its compiled step."""
+def _run(
+    mesh: "str | None",
+    strategy: str = "all_gather",
+    packed: bool = False,
+    remat: str = "full",
+    config: nn.TransformerConfig = CFG,
+):
+    """STEPS losses of the tiny LoRA model (or ``config``) on ``mesh`` (None: one device),
+    and the communication of its compiled step."""
     built = None if mesh is None else train.make_mesh(mesh, devices=jax.devices()[: _size(mesh)])
-    model = nn.Transformer(CFG, rngs=nnx.Rngs(0))
+    model = nn.Transformer(config, rngs=nnx.Rngs(0))
     trainer = train.Trainer(model, mesh=built, remat=remat, context_parallel=strategy)
     batch = _packed if packed else _windows
     losses = np.array([float(trainer.step(batch(i))) for i in range(STEPS)])
@@ -94,10 +102,26 @@ def test_losses_equal_one_device(mesh, strategy, packed):
         assert comm.bytes["collective-permute"] > 0, comm
 
 
+PRESETS = [p for p in ("save_attn", "none", "offload_full") if p in remat_presets.PRESETS]
+"""Remat presets composed with the ring (``offload_full``: once the boundary offload lands)."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("remat", ["save_attn", "none"])
+@pytest.mark.parametrize("remat", PRESETS)
 def test_composes_with_remat_presets(remat):
     single, split = _losses(None, remat=remat), _losses("fsdp=2,seq=4", "ring", remat=remat)
+    assert float(np.abs(split - single).max()) <= BOUND, (split, single)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "changes"),
+    [("ring", dict(quantize_base="nf4")), ("all_gather", dict(mlp_chunk=8))],
+    ids=["qlora-nf4-ring", "tiled-mlp-all_gather"],
+)
+def test_composes_with_qlora_and_the_tiled_mlp(strategy, changes):
+    config = CFG.replace(**changes)
+    single, split = _losses(None, config=config), _losses("fsdp=2,seq=4", strategy, config=config)
     assert float(np.abs(split - single).max()) <= BOUND, (split, single)
 
 
