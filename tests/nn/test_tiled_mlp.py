@@ -91,9 +91,9 @@ TINY = TransformerConfig.preset(
 
 def _residuals(config: TransformerConfig, spec: RematSpec):
     """The residuals one remat'd layer (``nn.run_blocks``) saves for its backward pass."""
-    model = nn.Transformer(config, rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: nn.Transformer(config, rngs=nnx.Rngs(0)))  # shapes only
     graphdef, state = nnx.split(model)
-    x = jnp.ones((B, T, D), jnp.float32)
+    x = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
 
     def layer(state, x):
         return jnp.sum(nn.run_blocks(nnx.merge(graphdef, state).blocks, x, spec, n_layers=1))
@@ -221,6 +221,7 @@ def test_mlp_chunk_round_trips_through_the_config_dict():
     assert config != SWIGLU
 
 
+@pytest.mark.slow
 def test_a_model_under_a_spec_that_saves_and_offloads_mlp_tags_keeps_its_numbers():
     """Through the scanned, remat'd stack: ``offload_minimal`` saves the MLP's projections
     (stacked over chunks) and offloads them to host memory, tiled or not."""
