@@ -1,13 +1,15 @@
 """The communication of a compiled program, read from its HLO: bytes per collective kind.
 
 After SPMD partitioning (``jax.jit`` over a mesh, ``jax.shard_map``) the compiled HLO is
-one device's program, so each collective's result shape is what that device receives
-(an all-gather's gathered array, a collective-permute's incoming block, a
-reduce-scatter's shard, an all-reduce's reduced array). A collective inside a loop runs
-once per iteration: each is counted times the trip counts of the ``while`` loops around
-it (XLA writes ``known_trip_count`` on the loops it has analysed; a loop without one is
-counted once, and reported in ``unknown_trip_counts``). Both branches of a conditional
-are counted (an upper bound).
+one device's program, so each collective's result shape is what that device ends up
+with (an all-gather's gathered array, own share included; a collective-permute's incoming
+block; a reduce-scatter's shard; an all-reduce's reduced array). That is the figure
+counted: the bytes on the wire depend on the algorithm (a ring reduce-scatter over ``n``
+devices moves about ``n - 1`` times its result, a ring all-reduce about twice its result).
+A collective inside a loop runs once per iteration: each is counted times the trip
+counts of the ``while`` loops around it (XLA writes ``known_trip_count`` on the loops it
+has analysed; a loop without one is counted once, and reported in
+``unknown_trip_counts``). Both branches of a conditional are counted (an upper bound).
 """
 
 import dataclasses
