@@ -112,6 +112,16 @@ PRESET_FIELDS: dict[str, dict] = {
         ffn_dim=14336,
         rope_scaling=dict(**_LLAMA3_SCALING, factor=8.0),
     ),
+    # meta-llama/Llama-3.3-70B-Instruct (the long-context benchmark's 70B)
+    "llama3.3-70b": dict(
+        **_LLAMA31,
+        d_model=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_dim=28672,
+        rope_scaling=dict(**_LLAMA3_SCALING, factor=8.0),
+    ),
     # Qwen/Qwen2.5-0.5B
     "qwen2.5-0.5b": dict(
         **_QWEN25,

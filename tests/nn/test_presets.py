@@ -49,6 +49,16 @@ HF_CONFIGS: dict[str, dict] = {
         ),
         attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
     ),
+    "llama3.3-70b": dict(  # meta-llama/Llama-3.3-70B-Instruct
+        model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+        num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=dict(
+            rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
+    ),
     "qwen2.5-0.5b": dict(  # Qwen/Qwen2.5-0.5B
         model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -134,6 +144,7 @@ PUBLISHED: dict[str, int] = {
     "llama3.2-1b": 1_235_814_400,  # 1.24B
     "llama3.2-3b": 3_212_749_824,  # 3.21B
     "llama3.1-8b": 8_030_261_248,  # 8.03B, llama3-8b's sizes
+    "llama3.3-70b": 70_553_706_496,  # 70.6B (141,107,412,992 bytes of bfloat16)
     "qwen2.5-0.5b": 494_032_768,  # 0.49B
     "qwen2.5-7b": 7_615_616_512,  # 7.61B
     "qwen3-0.6b": 596_049_920,  # 0.6B (0.44B without the embedding)
