@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from tolerances import assert_close
 
 from jaxckpt.attention import (
     COLLECTIVES,
@@ -34,6 +35,7 @@ from jaxckpt.attention._validate import MaskArrays, MaskConfig
 B, T, N, K, H = 2, 96, 6, 2, 8
 BLOCKS = BlockSizes(block_q=5, block_k=7)
 BOUND = 1e-5
+STRATEGY_NAMES = sorted(CONTEXT_PARALLEL_STRATEGIES)
 
 
 def _mesh(shape: tuple[int, ...], names: tuple[str, ...]):
@@ -41,12 +43,12 @@ def _mesh(shape: tuple[int, ...], names: tuple[str, ...]):
     return jax.make_mesh(shape, names, axis_types=auto, devices=jax.devices()[: int(np.prod(shape))])
 
 
-def _inputs(kv_heads: int = K, packed: bool = False, seed: int = 0):
+def _inputs(kv_heads: int = K, packed: bool = False, seed: int = 0, dtype=jnp.float32):
     keys = jax.random.split(jax.random.key(seed), 5)
-    q = jax.random.normal(keys[0], (B, T, N, H), jnp.float32)
-    k = jax.random.normal(keys[1], (B, T, kv_heads, H), jnp.float32)
-    v = jax.random.normal(keys[2], (B, T, kv_heads, H), jnp.float32)
-    ct = jax.random.normal(keys[3], (B, T, N, H), jnp.float32)
+    q = jax.random.normal(keys[0], (B, T, N, H), dtype)
+    k = jax.random.normal(keys[1], (B, T, kv_heads, H), dtype)
+    v = jax.random.normal(keys[2], (B, T, kv_heads, H), dtype)
+    ct = jax.random.normal(keys[3], (B, T, N, H), dtype)
     seg = None
     if packed:  # documents of random lengths, crossing the devices' chunks
         starts = jax.random.bernoulli(keys[4], 0.08, (B, T)).at[:, 0].set(True)
@@ -112,38 +114,50 @@ def _errors(strategy, n=8, zigzag=False, batch_axis=None, kv_heads=K, packed=Fal
     return errors
 
 
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
+def test_bfloat16_within_the_kernel_tolerances(strategy):
+    """bf16 inputs (fp32 accumulators and merges inside): the output and gradients stay
+    within the dtype table the single-device kernels are held to, against the fp32
+    reference of the same bf16 inputs."""
+    q, k, v, ct, seg = _inputs(packed=True, dtype=jnp.bfloat16)
+    options = (("is_causal", True),)
+    parallel, reference = _programs(strategy, 8, True, None, options, True)
+    got = parallel(q, k, v, ct, seg)
+    want = reference(*(x.astype(jnp.float32) for x in (q, k, v, ct)), seg)
+    for name, a, e in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        assert a.dtype == jnp.bfloat16, (name, a.dtype)
+        assert_close(a, e, jnp.bfloat16, "fwd" if name == "out" else "grad", name)
+
+
 def _check(errors):
     bad = {name: err for name, err in errors.items() if not err <= BOUND}
     assert not bad, f"relative errors above {BOUND}: {bad} (all: {errors})"
 
 
-STRATEGIES = sorted(CONTEXT_PARALLEL_STRATEGIES)
-
-
 @pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_equals_reference_on_seq8(strategy, causal, packed):
     """Ring and all-gather, causal (zigzag order) and not (contiguous chunks), packed rows
     and not: forward and gradients equal the whole-sequence reference."""
     _check(_errors(strategy, zigzag=causal, packed=packed, is_causal=causal))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_window_soft_cap_mqa(strategy):
     """A sliding window reaching across chunks in both directions, a soft cap, and MQA
     (one key/value head for six query heads), contiguous chunks."""
     _check(_errors(strategy, kv_heads=1, local_window_size=(17, 4), logits_soft_cap=3.0))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_causal_window_packed_zigzag(strategy):
     """Causal with a window and packed documents, in the zigzag order, the positions
     compared across both chunks each device holds."""
     _check(_errors(strategy, zigzag=True, packed=True, is_causal=True, local_window_size=(9, 0)))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_seq4_beside_a_data_axis(strategy):
     """``seq=4`` beside a ``data=2`` axis that splits the batch; causal, zigzag order."""
     _check(_errors(strategy, n=4, zigzag=True, batch_axis="data", is_causal=True))
