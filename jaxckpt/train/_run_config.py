@@ -198,8 +198,9 @@ class RunConfig:
         attention: the ``flash_attention`` implementation (None: automatic).
         budget: device memory for ``remat="auto"``: bytes, or text such as ``"30GiB"``.
         mlp_chunk: tile the MLP over chunks of this many tokens
-            (``nn.TransformerConfig.mlp_chunk``): the model the run trains is
-            ``model_config(config)``; None: the model config's own choice.
+            (``nn.TransformerConfig.mlp_chunk``) in the model ``model_config(config)``, which
+            ``jaxckpt train`` builds and ``plan.Workload.from_run`` plans; None: the model
+            config's own choice.
         progress: draw a progress bar.
 
     Raises:
