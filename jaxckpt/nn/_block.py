@@ -18,7 +18,9 @@ ACTIVATION = ("batch", "seq", "embed")
 
 
 class Block(nnx.Module):
-    """One pre-norm decoder layer; its input is tagged ``Tag.LAYER_INPUT``.
+    """One pre-norm decoder layer; its input is tagged ``Tag.LAYER_INPUT`` (the remat
+    boundary; inside a remat segment of several layers the segment tags its own input
+    instead: ``tag_input=False``).
 
     With ``cfg.post_norms`` (Gemma 2 and 3) the attention and MLP outputs are normalised
     again before their residual adds: ``x + post(attn(pre(x)))``.
@@ -50,14 +52,18 @@ class Block(nnx.Module):
         segment_ids: "jax.Array | None" = None,
         cache: "LayerCache | None" = None,
         dropout_key: "jax.Array | None" = None,
+        tag_input: bool = True,
     ):
         """``[B, T, D] -> [B, T, D]`` for a layer of ``kind`` (static; see ``LayerKind``), or
         of ``kind[index]`` for a tuple of kinds and a traced index (see ``Attention``, which
         also takes ``positions``, ``segment_ids`` and ``cache``; with a cache the call
         returns ``(x, new_cache)``). ``dropout_key``: the layer's key for its LoRA adapters'
-        dropout (training); None: none."""
+        dropout (training); None: none. ``tag_input``: tag ``x`` ``Tag.LAYER_INPUT`` (False
+        for a layer inside a remat segment of several, whose input is the segment's tag)."""
         attn_key, mlp_key = (None, None) if dropout_key is None else jax.random.split(dropout_key)
-        x = checkpoint_name(constrain(x, *ACTIVATION), Tag.LAYER_INPUT)
+        x = constrain(x, *ACTIVATION)
+        if tag_input:
+            x = checkpoint_name(x, Tag.LAYER_INPUT)
         h = self.attn(
             checkpoint_name(self.attn_norm(x), Tag.NORM_OUT),
             kind,

@@ -19,12 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxckpt.nn._attention import FULL
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._choices import LayerKind
 from jaxckpt.nn._kv_cache import KVCache, LayerCache
-from jaxckpt.remat import RematSpec
+from jaxckpt.remat import RematSpec, Tag
 
 Segment = Callable[[jax.Array, Block, "jax.Array | tuple", "dict | None"], jax.Array]
 """``(x, blocks, per_layer, context) -> x``. ``per_layer`` is scanned with the blocks: each
@@ -47,17 +48,32 @@ def distinct_kinds(kinds: "tuple[LayerKind, ...]") -> tuple[tuple[LayerKind, ...
     return distinct, np.asarray([distinct.index(kind) for kind in kinds], np.int32)
 
 
-def _layer(kinds: tuple[LayerKind, ...]) -> Segment:
+def _layer(kinds: tuple[LayerKind, ...], tag_input: bool = True) -> Segment:
     """One layer: ``(x, block, per_layer, context) -> x``; the kind index picks among
-    ``kinds`` when there are several (``Block.__call__``)."""
+    ``kinds`` when there are several (``Block.__call__``, which tags its input
+    ``Tag.LAYER_INPUT`` when ``tag_input``)."""
     kind = kinds[0] if len(kinds) == 1 else kinds
 
     def layer(x, block, per_layer, context):
         index, key = per_layer if isinstance(per_layer, tuple) else (per_layer, None)
         extra = {} if key is None else {"dropout_key": key}
-        return block(x, kind, index, **(context or {}), **extra)
+        return block(x, kind, index, **(context or {}), **extra, tag_input=tag_input)
 
     return layer
+
+
+def _tag_input(segment: Segment) -> Segment:
+    """``segment`` with its input tagged ``Tag.LAYER_INPUT``: a segment of several layers is
+    one remat unit, and its input its boundary, so the tag names that input once (its
+    layers' own inputs are recomputed with the segment). A policy that offloads the tag
+    then offloads one input per segment, and XLA:GPU's host offloader is not asked to
+    move values out of the nested scan over a segment's layers (which failed to compile:
+    ``Expected instruction to have shape equal to ...``, with a layer input tagged in it)."""
+
+    def segment_input(x, blocks, per_layer, context):
+        return segment(checkpoint_name(x, Tag.LAYER_INPUT), blocks, per_layer, context)
+
+    return segment_input
 
 
 def _scan(segment: Segment) -> Segment:
@@ -78,17 +94,17 @@ def remat_segment(spec: RematSpec, kinds: tuple[LayerKind, ...], k: int) -> Segm
 
     For ``k == 1`` ``blocks`` is a single block; otherwise its parameters are stacked
     on a leading axis of size k and scanned, each layer its own ``nnx.remat`` nested in
-    the segment's. A disabled spec gives the plain (un-remat'd) layer or scan.
+    the segment's, and ``Tag.LAYER_INPUT`` tags the segment's input, not each layer's
+    (``_tag_input``). A disabled spec gives the plain (un-remat'd) layer or scan.
     ``kinds`` are the stack's distinct kinds, which the indices pick from.
     """
-    layer = _layer(kinds)
     if not spec.enabled:
-        return layer if k == 1 else _scan(layer)
+        return _layer(kinds) if k == 1 else _scan(_layer(kinds))
     policy = spec.policy()
-    layer = nnx.remat(layer, policy=policy, prevent_cse=False)
+    layer = nnx.remat(_layer(kinds, tag_input=k == 1), policy=policy, prevent_cse=False)
     if k == 1:
         return layer
-    return nnx.remat(_scan(layer), policy=policy, prevent_cse=False)
+    return nnx.remat(_tag_input(_scan(layer)), policy=policy, prevent_cse=False)
 
 
 def segment_sizes(spec: RematSpec, n_layers: int) -> tuple[int, int]:

@@ -7,7 +7,9 @@ gradients and the activations. The activations are
 
 where ``stored`` is what one layer keeps for its backward pass (``LayerGraph.kept``;
 one layer input per segment when ``layers_per_checkpoint > 1``, the segments cut as
-``nn.segment_sizes`` cuts them)
+``nn.segment_sizes`` cuts them; offloaded tags are not on the device, and under boundary
+offload, ``offload_full``, neither are the layer inputs: ``offloaded_boundaries``; both are
+``Prediction.host_activations``)
 and the layer working set is the backward pass of one layer: its recomputed
 residuals, its weight-gradient slice and the cotangents in flight. ``widened`` is
 XLA:CPU's float32 copy of bfloat16 weight stacks (``widened_bytes``). The optimizer
@@ -147,7 +149,12 @@ class Prediction:
     inputs: int
     host: int = 0
     """Bytes in host memory (``pinned_host``): the optimizer state or master weights placed
-    there. Not part of ``total``, the device's peak."""
+    there, and the offloaded remat residuals (``host_activations``). Not part of ``total``,
+    the device's peak."""
+    host_activations: int = 0
+    """Of ``host``: the remat residuals offloaded to host memory between the forward and the
+    backward pass (``RematSpec.offload``; under ``offload_full`` the layer boundaries), one
+    micro-batch's (``host_residual_bytes``)."""
 
     @property
     def total(self) -> int:
@@ -381,7 +388,10 @@ def predict(
             ``optimizer.offload_master``) is ``Prediction.host``, not part of the device's total;
             host master weights leave their compute-dtype copy (and its gradient) on the
             device, and the update streams leaf by leaf.
-        remat: a preset name or ``RematSpec``.
+        remat: a preset name or ``RematSpec``. Its offloaded residuals (``offload``, the
+            layer boundaries under ``offload_full``) are ``Prediction.host_activations``,
+            in ``host`` and not in the device's total; the layer that runs its backward
+            pass holds its input brought back, as any layer's working set does.
         target: the compiler the step is predicted for, as ``measure(target=)``: None for
             XLA:CPU, a GPU target (``plan.TARGETS``, e.g. ``"h100-80g"``) for XLA:GPU
             (see the module for what differs).
@@ -424,6 +434,7 @@ def predict(
     if not spec.enabled:  # the stored casts are those copies
         widened = max(0, widened - config.n_layers * weight_casts(graph, config))
     grads = trainable_bytes(workload, target=target) * (2 if workload.micro_batches > 1 else 1)
+    offloaded = host_residual_bytes(graph, spec, config)
     host = 0
     if workload.optimizer.offload:
         host, opt = opt, 0
@@ -440,7 +451,8 @@ def predict(
         optimizer=opt,
         activations=max(0, activations),
         inputs=workload.input_bytes,
-        host=host,
+        host=host + offloaded,
+        host_activations=offloaded,
     )
 
 
@@ -472,9 +484,54 @@ def stored_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) 
     k, count = segments(config, spec)
     x = graph.values["x"].nbytes
     kept = graph.stored_bytes(saved_tags(spec) - spec.offload) - x  # offloaded tags live on the host
-    # a segment of k layers keeps its input; its backward pass holds its k layer inputs
-    boundaries = count + (k if k > 1 else 0)
+    # a segment of k layers keeps its input (unless it is offloaded); its backward pass holds
+    # its k layer inputs
+    boundaries = count - offloaded_boundaries(config, spec) + (k if k > 1 else 0)
     return n_layers * kept + x * boundaries
+
+
+def offloaded_boundaries(config: TransformerConfig, spec: "str | RematSpec") -> int:
+    """The remat boundaries (segment inputs) in host memory: under ``RematSpec.offloads_boundary``
+    one per segment of the stack's scan (every layer's input when ``layers_per_checkpoint`` is
+    1), else none. A shorter last segment runs outside the scan and its input stays on the
+    device: its backward pass comes first, right after the forward, and XLA:GPU makes no round
+    trip of it (measured: 5 layers in segments of 2, host memory of 2 boundaries).
+
+    Example:
+        >>> from jaxckpt import nn, remat
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=5)
+        >>> offloaded_boundaries(cfg, "offload_full"), offloaded_boundaries(cfg, "full")
+        (5, 0)
+        >>> segments_of_2 = remat.RematSpec(offload={remat.Tag.LAYER_INPUT}, layers_per_checkpoint=2)
+        >>> offloaded_boundaries(cfg, segments_of_2)  # 2 + 2 scanned, the fifth layer on its own
+        2
+    """
+    spec = get_remat(spec)
+    if not spec.offloads_boundary:
+        return 0
+    return segment_sizes(spec, config.n_layers)[1]
+
+
+def host_residual_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) -> int:
+    """Bytes of remat residuals in host memory between the forward and the backward pass, one
+    micro-batch's: every layer's offloaded tags (``RematSpec.offload``; those the backward
+    pass uses, ``LayerGraph.kept``) and the offloaded boundaries (``offloaded_boundaries``).
+    What crosses the host link each step is twice this per micro-batch (``choice``).
+
+    Example:
+        >>> from jaxckpt import nn, plan, remat
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=3), batch=2, seq=64)
+        >>> graph, cfg = plan.layer_graph(w), w.config
+        >>> host_residual_bytes(graph, remat.get("offload_full"), cfg) == 3 * graph.values["x"].nbytes
+        True
+        >>> host_residual_bytes(graph, remat.get("full"), cfg)
+        0
+    """
+    if not spec.enabled:
+        return 0
+    tags = saved_tags(spec)
+    per_layer = graph.stored_bytes(tags) - graph.stored_bytes(tags - spec.offload)
+    return config.n_layers * per_layer + graph.values["x"].nbytes * offloaded_boundaries(config, spec)
 
 
 def weight_casts(graph: LayerGraph, config: TransformerConfig) -> int:

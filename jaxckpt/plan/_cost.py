@@ -149,7 +149,9 @@ def choice(workload: Workload, remat: "str | RematSpec", *, target: "str | Targe
 
     ``layers_per_checkpoint = k`` recomputes each layer twice except the last of a segment.
     Over ``workload.devices`` (FSDP) the bytes and costs are one device's. The transfer
-    bytes are the offloaded residuals' round trips and, with optimizer state (or master
+    bytes are the offloaded residuals' round trips (``Prediction.host_activations`` out
+    and back for each micro-batch: under ``offload_full`` two layer inputs a layer) and,
+    with optimizer state (or master
     weights) in host memory, that state read and written back once a step (``Choice.seconds``
     prices them at the device's host link).
 
@@ -158,11 +160,17 @@ def choice(workload: Workload, remat: "str | RematSpec", *, target: "str | Targe
         >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
         >>> plan.choice(w, "none").recompute_flops, plan.choice(w, "full").recompute_flops > 0
         (0, True)
+        >>> off = plan.choice(w, "offload_full")  # full's recompute, the layer inputs over the link
+        >>> off.recompute_flops == plan.choice(w, "full").recompute_flops
+        True
+        >>> off.transfer_bytes == 2 * off.predicted.host  # out and back once a step
+        True
     """
     spec = get_remat(remat)
     pred = predict(workload, spec, target=target)
     graph = layer_graph(workload, target=target)
-    streamed = 2 * pred.host  # host-resident state comes in and goes back once a step
+    # host-resident state comes in and goes back once a step
+    streamed = 2 * (pred.host - pred.host_activations)
     if not spec.enabled:
         return Choice(spec, pred, 0, streamed)
     n_layers, micro = workload.config.n_layers, workload.micro_batches
@@ -170,10 +178,9 @@ def choice(workload: Workload, remat: "str | RematSpec", *, target: "str | Targe
     per_layer = graph.recompute_flops(tags)
     k = min(spec.layers_per_checkpoint, n_layers)
     extra = graph.forward_flops() * (k - 1) / k if k > 1 else 0  # the segment's re-forward
-    offloaded = graph.stored_bytes(tags) - graph.stored_bytes(tags - spec.offload)
     return Choice(
         spec,
         pred,
         int(micro * n_layers * (per_layer + extra)),
-        2 * micro * n_layers * offloaded + streamed,
+        2 * micro * pred.host_activations + streamed,  # offloaded residuals: out and back
     )

@@ -10,6 +10,10 @@ solved exactly with ``scipy.optimize.milp``:
 * ``run_o >= 1 - keep(v) - off(v)`` for each value v the backward pass reads, o its producer;
 * ``run_p >= run_o - keep(i) - off(i)`` for each input i of each op o, p the producer of i;
 * every branch of the ``max`` in the activation model below the budget.
+
+The layer input (the remat boundary) is always kept; with ``offload`` one more variable,
+``off_x``, moves every layer's boundary to host memory (``offload_full``): ``n x`` bytes
+off every budget row, two crossings of the host link a layer in the cost.
 """
 
 from collections.abc import Sequence
@@ -48,8 +52,10 @@ def solve(
         workload: the step; over ``workload.devices`` ``budget`` is per device.
         budget: bytes (per device).
         device: prices recompute (its matmul rate) and offload (its host link).
-        offload: allow offloading tags to host memory.
-        tags: restrict the decision to these tags (the others are recomputed).
+        offload: allow offloading tags to host memory, and the layer inputs themselves
+            (the remat boundaries, ``Tag.LAYER_INPUT``: ``offload_full``).
+        tags: restrict the decision to these tags (the others are recomputed; the layer
+            inputs are kept on the device unless ``Tag.LAYER_INPUT`` is among them).
         exclude: specs not to return (each a no-good cut on the choice variables).
         target: the compiler the peak is predicted for (``predict(target=)``): None for
             XLA:CPU, a GPU target name for XLA:GPU.
@@ -65,9 +71,10 @@ def solve(
         True
     """
     graph = layer_graph(workload, target=target)
+    boundary = offload and (tags is None or Tag.LAYER_INPUT in tags)  # off_x: offload_full's choice
     tags = [t for t in (tags if tags is not None else _tunable(graph)) if t != Tag.LAYER_INPUT]
     program = _Program(graph, tags)
-    program.add_recompute_rules(offload)
+    program.add_recompute_rules(offload, boundary)
     program.add_exclusions(exclude)
     if not program.add_budget(workload, budget, target):
         return None
@@ -75,15 +82,17 @@ def solve(
 
 
 class _Program:
-    """The MILP's variables and rows: ``keep_t``, ``off_t`` per tag, then ``run_o`` per op."""
+    """The MILP's variables and rows: ``keep_t``, ``off_t`` per tag, then ``run_o`` per op,
+    then ``off_x`` (the layer inputs in host memory)."""
 
     def __init__(self, graph: LayerGraph, tags: list[Tag]):
         self.graph, self.tags, self.ops = graph, tags, list(graph.ops)
         nt = len(tags)
-        self.size = 2 * nt + len(self.ops)
+        self.size = 2 * nt + len(self.ops) + 1
         self.keep = {t: i for i, t in enumerate(tags)}
         self.off = {t: nt + i for i, t in enumerate(tags)}
         self.run = {op.name: 2 * nt + i for i, op in enumerate(self.ops)}
+        self.off_x = self.size - 1
         self.rows, self.lo, self.hi = [], [], []
         # bytes: a tag's values, counted once per layer
         self.tag_bytes = {t: sum(v.nbytes for v in graph.values.values() if v.tag == t) for t in tags}
@@ -102,9 +111,12 @@ class _Program:
         tag = self.graph.values[value].tag
         return {self.keep[tag]: 1.0, self.off[tag]: 1.0} if tag in self.keep else {}
 
-    def add_recompute_rules(self, offload: bool) -> None:
-        """A tag is kept or offloaded at most once; what the backward pass reads is saved or rerun."""
+    def add_recompute_rules(self, offload: bool, boundary: bool) -> None:
+        """A tag is kept or offloaded at most once; what the backward pass reads is saved or rerun;
+        the layer inputs go to host memory only when ``boundary``."""
         graph, run = self.graph, self.run
+        if not boundary:
+            self.constraint({self.off_x: 1}, 0, 0)
         for t in self.tags:
             self.constraint({self.keep[t]: 1, self.off[t]: 1}, -np.inf, 1)
             if not offload:
@@ -128,10 +140,12 @@ class _Program:
         for spec in exclude:
             coefs: dict[int, float] = {}
             flips = 0
+            choices = [(self.off_x, spec.offloads_boundary)]
             for t in self.tags:
-                for var, chosen in ((self.keep[t], t in spec.save), (self.off[t], t in spec.offload)):
-                    coefs[var] = -1.0 if chosen else 1.0
-                    flips += chosen
+                choices += [(self.keep[t], t in spec.save), (self.off[t], t in spec.offload)]
+            for var, chosen in choices:
+                coefs[var] = -1.0 if chosen else 1.0
+                flips += chosen
             self.constraint(coefs, 1 - flips, np.inf)
 
     def add_budget(self, workload: Workload, budget: int, target) -> bool:
@@ -154,9 +168,10 @@ class _Program:
         room -= compiler_extras(workload, target=target)
         layer = layer_working_set(workload, target=target)
         head = head_branch(workload, target=target)
-        # n*(x + K) + working - K <= room (XLA:GPU, XLA:TPU: + K), and n*(x + K) + head <= room
-        self.constraint(kept(n if on_gpu else n - 1), -np.inf, room - n * x - layer)
-        self.constraint(kept(n), -np.inf, room - n * x - head)
+        # n*(x + K) + working - K <= room (XLA:GPU, XLA:TPU: + K), and n*(x + K) + head <= room,
+        # the n*x of the layer inputs off the device when they are offloaded (off_x)
+        self.constraint(kept(n if on_gpu else n - 1) | {self.off_x: -n * x}, -np.inf, room - n * x - layer)
+        self.constraint(kept(n) | {self.off_x: -n * x}, -np.inf, room - n * x - head)
         return True
 
     def solve(self, device: DevicePreset) -> RematSpec | None:
@@ -165,9 +180,11 @@ class _Program:
         cost = np.zeros(self.size)
         for op in self.ops:
             cost[self.run[op.name]] = op.flops / 1e9
+        crossing = device.flops / device.host_bandwidth / 1e9  # GFLOP run while a byte crosses once
         for t in self.tags:
-            cost[self.off[t]] = 2 * self.tag_bytes[t] * device.flops / device.host_bandwidth / 1e9
+            cost[self.off[t]] = 2 * self.tag_bytes[t] * crossing
             cost[self.keep[t]] = self.tag_bytes[t] * 1e-15  # among equal costs, keep fewer bytes
+        cost[self.off_x] = 2 * self.graph.values["x"].nbytes * crossing
         # Imported here: scipy.optimize is about a second of every `import jaxckpt` otherwise.
         from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -181,7 +198,8 @@ class _Program:
         if result.status != 0:
             return None
         chosen = np.round(result.x).astype(int)
+        boundary = {Tag.LAYER_INPUT} if chosen[self.off_x] else set()
         return RematSpec(
             save={t for t in self.tags if chosen[self.keep[t]]},
-            offload={t for t in self.tags if chosen[self.off[t]]},
+            offload={t for t in self.tags if chosen[self.off[t]]} | boundary,
         )

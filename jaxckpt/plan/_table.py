@@ -38,7 +38,9 @@ class PresetRow:
     """``Choice.step_seconds`` on the table's device (None: no device named)."""
 
     def to_dict(self) -> dict:
-        """The row as ``jaxckpt plan --json`` writes it."""
+        """The row as ``jaxckpt plan --json`` writes it; ``host_bytes`` is the host memory the
+        row needs beside the device's ``total_bytes`` (``Prediction.host``: offloaded
+        residuals, host-placed optimizer state)."""
         p = self.choice.predicted
         return {
             "remat": self.remat,
@@ -47,6 +49,7 @@ class PresetRow:
             "optimizer_bytes": int(p.optimizer),
             "activation_bytes": int(p.activations),
             "total_bytes": int(p.total),
+            "host_bytes": int(p.host),
             "fits": self.fits,
             "recompute_flops": int(self.choice.recompute_flops),
             "recompute_fraction": self.recompute_fraction,

@@ -2,10 +2,11 @@
 
 from types import MappingProxyType
 
-from jaxckpt._tags import ATTENTION_RESIDUALS, PROJECTIONS, QKV
+from jaxckpt._tags import ATTENTION_RESIDUALS, PROJECTIONS, QKV, Tag
 from jaxckpt.remat._spec import RematSpec
 
 _MINIMAL = PROJECTIONS | ATTENTION_RESIDUALS
+_BOUNDARY = frozenset({Tag.LAYER_INPUT})
 
 PRESETS: MappingProxyType[str, RematSpec] = MappingProxyType(
     {
@@ -15,13 +16,18 @@ PRESETS: MappingProxyType[str, RematSpec] = MappingProxyType(
         "save_qkv": RematSpec(save=QKV),
         "save_attn": RematSpec(save=ATTENTION_RESIDUALS),
         "minimal": RematSpec(save=_MINIMAL),
+        "offload_full": RematSpec(offload=_BOUNDARY),
+        "offload_full_save_attn": RematSpec(save=ATTENTION_RESIDUALS, offload=_BOUNDARY),
         "offload_qkv": RematSpec(offload=QKV),
         "offload_minimal": RematSpec(offload=_MINIMAL),
         "ratio_0.5": RematSpec(layers_per_checkpoint=2),
         "ratio_0.25": RematSpec(layers_per_checkpoint=4),
     }
 )
-"""Preset name -> ``RematSpec``. ``ratio_r`` keeps one layer boundary in every ``1/r``."""
+"""Preset name -> ``RematSpec``. ``ratio_r`` keeps one layer boundary in every ``1/r``.
+``offload_full`` is ``full`` with each layer's input (``Tag.LAYER_INPUT``, the remat boundary)
+in ``pinned_host`` memory between the forward and the backward pass, and
+``offload_full_save_attn`` that with ``save_attn``'s attention residuals kept on device."""
 
 
 AUTO = "auto"

@@ -35,10 +35,13 @@ class RematSpec:
     Attributes:
         save: tags kept in device memory.
         offload: tags moved to ``pinned_host`` memory after the forward pass and back
-            for the backward pass.
+            for the backward pass. ``Tag.LAYER_INPUT`` there is the remat boundary
+            itself (what ``full`` keeps: a layer's input, or a segment's): no device
+            copy of it is kept between the passes (the ``offload_full`` preset).
         layers_per_checkpoint: ``k`` layers form one remat segment and only the
             segment's input is kept (the seed's ``checkpoint_ratio`` is ``1/k``).
-            Inside a segment, ``save`` and ``offload`` still apply.
+            Inside a segment, ``save`` and ``offload`` still apply; ``Tag.LAYER_INPUT``
+            is then the segment's input (its layers' inputs are recomputed with it).
         save_dots: also save every matmul output without batch dimensions
             (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``), the dense
             projections' included (``Tag.LINEAR_OUT``).
@@ -67,6 +70,17 @@ class RematSpec:
         k = self.layers_per_checkpoint
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"RematSpec.layers_per_checkpoint must be an int >= 1, got {k!r}")
+
+    @property
+    def offloads_boundary(self) -> bool:
+        """Whether the remat boundary (``Tag.LAYER_INPUT``: each layer's input, or each
+        segment's) lives in ``pinned_host`` memory between the forward and backward pass.
+
+        Example:
+            >>> RematSpec(offload={Tag.LAYER_INPUT}).offloads_boundary, RematSpec().offloads_boundary
+            (True, False)
+        """
+        return self.enabled and Tag.LAYER_INPUT in self.offload
 
     @property
     def saved_tags(self) -> frozenset[Tag]:

@@ -65,7 +65,7 @@ def test_state_is_really_split(mesh, ways):
     [
         p
         for p in remat.PRESETS
-        if p != "full" and (train.offload_saves_memory() or p not in ("offload_qkv", "offload_minimal"))
+        if p != "full" and (train.offload_saves_memory() or not remat.PRESETS[p].offload)
     ],
 )
 def test_every_remat_preset_runs_sharded(preset):
