@@ -84,7 +84,7 @@ def _update(tl: Tiling, d: Tiles, e: BackwardTiles, j, i, carry, *, masked: bool
     return dk_t, dv_t, dq, dbias
 
 
-def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
+def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool, grad_dtype=None):
     """Blockwise attention backward, all in tile layout.
 
     Args:
@@ -92,10 +92,12 @@ def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
         d: the forward's inputs in tile layout.
         e: the backward's extra tiles (transposes, dO, lse, delta).
         need_dbias: whether to accumulate the bias gradient.
+        grad_dtype: the dtype of dq, dk, dv; None: the input dtype (context parallelism
+            asks for float32, to sum the gradients of several key blocks unrounded).
 
     Returns:
-        ``(dq [nq, B*K, G*bq, H], dk^T [nk, B*K, H, bk], dv^T, dbias)`` in the input
-        dtype; ``dbias`` (pairwise tile layout, fp32) is None unless requested.
+        ``(dq [nq, B*K, G*bq, H], dk^T [nk, B*K, H, bk], dv^T, dbias)`` in grad_dtype;
+        ``dbias`` (pairwise tile layout, fp32) is None unless requested.
     """
     lo, hi = loop_bounds(d.visible.T)
     key_side = d.k_t.shape[1:]  # [B*K, H, bk]
@@ -111,11 +113,14 @@ def backward(tl: Tiling, d: Tiles, e: BackwardTiles, need_dbias: bool):
 
         zeros = vary_like(jnp.zeros(key_side, jnp.float32), d, e)
         dk_t, dv_t, dq, dbias = lax.fori_loop(start, stop, q_step, (zeros, zeros, dq, dbias))
-        return (dq, dbias), ((dk_t * tl.logit_scale).astype(d.k_t.dtype), dv_t.astype(d.v.dtype))
+        return (dq, dbias), (
+            (dk_t * tl.logit_scale).astype(grad_dtype or d.k_t.dtype),
+            dv_t.astype(grad_dtype or d.v.dtype),
+        )
 
     carry = vary_like((jnp.zeros(d.q.shape, jnp.float32), dbias0), d, e)
     (dq, dbias), (dk_t, dv_t) = lax.scan(k_step, carry, (jnp.arange(tl.nk, dtype=jnp.int32), lo, hi))
-    return (dq * tl.static.scale).astype(d.q.dtype), dk_t, dv_t, dbias
+    return (dq * tl.static.scale).astype(grad_dtype or d.q.dtype), dk_t, dv_t, dbias
 
 
 def backward_tiles(tl: Tiling, d: Tiles, out, lse, do) -> BackwardTiles:

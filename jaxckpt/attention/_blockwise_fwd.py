@@ -42,11 +42,17 @@ def _update(tl: Tiling, d: Tiles, i, q_tile, j, carry, *, masked: bool):
     return m_new, l_new, alpha[..., None] * acc + pv
 
 
-def forward(tl: Tiling, d: Tiles) -> tuple[jax.Array, jax.Array]:
+def forward(tl: Tiling, d: Tiles, out_dtype=None) -> tuple[jax.Array, jax.Array]:
     """Blockwise attention forward.
 
+    Args:
+        tl: the static tiling.
+        d: the inputs in tile layout.
+        out_dtype: the dtype of ``out``; None: the input dtype (context parallelism asks
+            for float32, to merge the partial outputs of several key blocks unrounded).
+
     Returns:
-        ``(out [nq, B*K, G*bq, H] in the input dtype, lse [nq, B*K, G*bq] fp32)``;
+        ``(out [nq, B*K, G*bq, H] in out_dtype, lse [nq, B*K, G*bq] fp32)``;
         rows that see no key get ``out = 0`` and ``lse = -inf``.
     """
     lo, hi = loop_bounds(d.visible)
@@ -71,7 +77,7 @@ def forward(tl: Tiling, d: Tiles) -> tuple[jax.Array, jax.Array]:
         denom = jnp.where(seen, row_sum, 1.0)
         out = jnp.where(seen[..., None], acc / denom[..., None], 0.0)
         lse = jnp.where(seen, row_max + jnp.log(denom), -jnp.inf)
-        return None, (out.astype(d.q.dtype), lse)
+        return None, (out.astype(out_dtype or d.q.dtype), lse)
 
     _, (out, lse) = lax.scan(q_step, None, (jnp.arange(tl.nq, dtype=jnp.int32), d.q, lo, hi))
     return out, lse

@@ -54,17 +54,17 @@ def _tiles(tl: Tiling, q, k, v, m: _Masks):
     return to_tiles(q, k, v, None, m.arrays, None, tl, positions=(m.q_pos, m.kv_pos))
 
 
-def _block_forward(tl: Tiling, q, k, v, m: _Masks):
+def _block_forward(tl: Tiling, q, k, v, m: _Masks, out_dtype=None):
     """The blockwise forward of local queries against one key block: ``(out, lse [B, N, T])``."""
-    out, lse = forward(tl, _tiles(tl, q, k, v, m))
+    out, lse = forward(tl, _tiles(tl, q, k, v, m), out_dtype)
     return tiles_to_rows(out, tl), lse_to_rows(lse, tl)
 
 
-def _block_backward(tl: Tiling, q, k, v, m: _Masks, out, lse, d_out):
+def _block_backward(tl: Tiling, q, k, v, m: _Masks, out, lse, d_out, grad_dtype=None):
     """The blockwise backward of one key block, from the whole row's ``out`` and ``lse``:
     this block's share of dq, and its dk, dv."""
     d = _tiles(tl, q, k, v, m)
-    dq, dk_t, dv_t, _ = backward(tl, d, backward_tiles(tl, d, out, lse, d_out), False)
+    dq, dk_t, dv_t, _ = backward(tl, d, backward_tiles(tl, d, out, lse, d_out), False, grad_dtype)
     return tiles_to_rows(dq, tl), tiles_t_to_keys(dk_t, tl), tiles_t_to_keys(dv_t, tl)
 
 
@@ -115,7 +115,7 @@ def _ring_forward(cp: "_Config", q, k, v, bias, m: _Masks, seed):
     def attend(carry, block):
         out, lse = carry
         k, v, kv_pos, kv_seg = block
-        return _merge(out, lse, *_block_forward(tl, q, k, v, m.with_keys(kv_pos, kv_seg)))
+        return _merge(out, lse, *_block_forward(tl, q, k, v, m.with_keys(kv_pos, kv_seg), jnp.float32))
 
     def step(carry, _):
         out_lse, block = carry
@@ -138,9 +138,9 @@ def _ring_backward(cp: "_Config", res: Residuals, d_out):
     def grads(carry, block):
         dq, (dk, dv) = carry
         k, v, kv_pos, kv_seg = block
-        got = _block_backward(tl, q, k, v, m.with_keys(kv_pos, kv_seg), res.out, res.lse, d_out)
-        f32 = [g.astype(jnp.float32) for g in got]
-        return dq + f32[0], (dk + f32[1], dv + f32[2])
+        masks = m.with_keys(kv_pos, kv_seg)
+        got = _block_backward(tl, q, k, v, masks, res.out, res.lse, d_out, jnp.float32)
+        return dq + got[0], (dk + got[1], dv + got[2])
 
     def step(carry, _):
         dq, dkv, block = carry
