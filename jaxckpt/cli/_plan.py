@@ -91,7 +91,18 @@ def add_parser(sub) -> None:
     # sizes and the device are checked by the library (plan.Workload, plan.device_preset), which names
     # the value and its limit, in one line (argparse would print the whole usage first)
     p.add_argument("--batch", required=True, type=int, help="sequences per micro-batch")
-    p.add_argument("--seq", required=True, type=int, help="tokens per sequence (at most the model's max_len)")
+    p.add_argument("--seq", type=int, help="tokens per sequence (at most the model's max_len); or --max-seq")
+    p.add_argument(
+        "--max-seq",
+        action="store_true",
+        help="instead of --seq: the longest sequence that fits, searched on the analytic model (remat "
+        "spec, layer inputs offloaded to host, MLP tiled) and confirmed by compiling it for --device",
+    )
+    p.add_argument(
+        "--host-memory",
+        type=_size,
+        help="with --max-seq: host memory per device that offloaded activations may fill (default: no limit)",
+    )
     p.add_argument(
         "--device",
         help=f"plan for this device ({', '.join(plan.DEVICES)}): its memory is the budget (unless "
@@ -212,17 +223,23 @@ def run(args: argparse.Namespace) -> int:
     if args.device is None and args.budget is None:
         raise ValueError("give --device (its memory is the budget) or --budget, or both")
     budget = device.memory if args.budget is None else args.budget
+    if args.host_memory is not None and not args.max_seq:
+        raise ValueError("--host-memory bounds the --max-seq search: give --max-seq")
+    if args.max_seq == (args.seq is not None):
+        raise ValueError("give one of --seq N (plan that length) and --max-seq (the longest that fits)")
     config, dtype_note = model_config(args, device)
     workload = plan.Workload(
         config,
         args.batch,
-        args.seq,
+        args.seq or 1,
         micro_batches=args.micro_batches,
         optimizer=optimizer_config(args),
         devices=args.devices,
     )
     target, target_note = compile_target(args)
     notes = [n for n in (dtype_note, target_note) if n]
+    if args.max_seq:
+        return longest(args, workload, budget, notes, target)
     if args.remat is not None:
         return check(args, workload, budget, notes, target)
     answer = plan.preset_table(
@@ -293,3 +310,28 @@ def check(
             f"{verdict} {plan.format_bytes(limit)}" + "".join(f". {n}" for n in result["notes"])
         )
     return 0 if result["fits"] else 1
+
+
+def longest(
+    args: argparse.Namespace, workload: plan.Workload, budget: int, notes: list[str], target: str | None
+) -> int:
+    """``--max-seq``: the longest T that fits, its plan and its compiled peak; 0 when one fits, else 1."""
+    if args.remat is not None:
+        raise ValueError("--max-seq chooses the remat spec itself: leave out --remat")
+    answer = plan.max_seq(
+        workload,
+        budget,
+        device=args.device,
+        target=target,
+        headroom=args.headroom,
+        host_budget=args.host_memory,
+    )
+    result = {**answer.to_dict(), "notes": [*notes, *answer.notes]}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(plan.describe_max_seq(answer))
+        for note in notes:
+            print(note)
+        print(result["caveat"])
+    return 0 if answer.max_seq else 1

@@ -10,11 +10,13 @@ devices) and, where it asks about one, a remat spec:
 * ``plan_memory``: the cheapest remat spec under a budget, verified by ``measure`` (and,
   with ``split_batch``, the fewest micro-batches that fit); ``preset_table`` puts it next
   to every preset; ``resolve_auto`` answers ``remat="auto"``.
+* ``max_seq``: the longest sequence that fits a budget, searched on the analytic model and
+  confirmed by a compile.
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
 ``_devices``, ``_tpu_targets``, ``_targets``, ``_specs``, ``_state``, ``_layer_costs``, ``_layer_graph``,
 ``_compile``, ``_sharded``, ``_measure``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``,
-``_solver``, ``_table``, ``_auto``.
+``_solver``, ``_table``, ``_auto``, ``_max_seq``.
 
 Example:
     >>> from jaxckpt import nn, plan
@@ -31,6 +33,7 @@ from jaxckpt.plan._compile import compile_step
 from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
+from jaxckpt.plan._max_seq import MaxSeqAnswer, SeqPlan, describe_max_seq, max_seq
 from jaxckpt.plan._measure import CPU_CAVEAT, measure
 from jaxckpt.plan._milp import solve
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
@@ -69,10 +72,12 @@ __all__ = [
     "DevicePreset",
     "GpuTarget",
     "LayerGraph",
+    "MaxSeqAnswer",
     "MemoryPlan",
     "Prediction",
     "PresetRow",
     "PresetTable",
+    "SeqPlan",
     "Target",
     "TpuTarget",
     "Workload",
@@ -81,6 +86,7 @@ __all__ = [
     "choice",
     "compile_step",
     "compile_target",
+    "describe_max_seq",
     "device_preset",
     "deviceless",
     "format_bytes",
@@ -88,6 +94,7 @@ __all__ = [
     "gpu_target",
     "korthikanti_bytes",
     "layer_graph",
+    "max_seq",
     "measure",
     "parse_size",
     "plan_memory",
