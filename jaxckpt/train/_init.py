@@ -18,8 +18,9 @@ from jaxckpt.train._step import Trainer
 PARAMS_KIND = "params"
 """``jaxckpt.json``'s ``kind`` for a checkpoint that holds parameters only (converted)."""
 
-FREE_ON_INIT = frozenset({"dtype", "param_dtype"})
-"""Config fields a run may change from its source: neither shapes nor the model's maths."""
+FREE_ON_INIT = frozenset({"dtype", "param_dtype", "mlp_chunk"})
+"""Config fields a run may change from its source: neither shapes nor the model's maths (the
+MLP's tile is how it is computed, not what)."""
 
 
 def is_hf_dir(path: Path) -> bool:

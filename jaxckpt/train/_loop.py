@@ -46,9 +46,10 @@ def _barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-FREE_ON_RESUME = ("remat", "attention", "budget")
-"""Model-config fields that checkpoints written before the memory choices moved to
-``RunConfig`` hold: a resumed run may differ in them (they do not change the numbers)."""
+FREE_ON_RESUME = ("remat", "attention", "budget", "mlp_chunk")
+"""Model-config fields a resumed run may differ in, since they do not change the numbers: the
+memory choices that checkpoints written before they moved to ``RunConfig`` hold, and the MLP's
+tile (``mlp_chunk``)."""
 
 OPTIMIZER_FREE_ON_RESUME = ("offload", "skip_nonfinite")
 """``OptimizerConfig`` fields a resumed run may change (the state's layout is the same)."""
@@ -144,7 +145,7 @@ def train(model_config: TransformerConfig, run: RunConfig, *, plan=None) -> Trai
         raise TypeError(f"train: model_config must be a TransformerConfig, got {type(model_config).__name__}")
     if not isinstance(run, RunConfig):
         raise TypeError(f"train: run must be a train.RunConfig, got {type(run).__name__}")
-    config, ckpt, options = model_config, run.checkpoint, run.data
+    config, ckpt, options = run.model_config(model_config), run.checkpoint, run.data
     check_seq(config, run.seq)
     check_step_tokens(run.batch, run.seq, run.micro_batches)
     mesh = resolve_mesh(run.mesh)
