@@ -72,6 +72,9 @@ class RematReport:
         ['layer_input', 'attn_out', 'attn_lse']
         >>> report.total_bytes("host")  # nothing offloaded
         0
+        >>> off = remat.describe(model, (2, 16), "offload_full")  # the boundaries in host memory
+        >>> [(str(r.tag), r.where, r.count) for r in off.residuals], off.total_bytes("host")
+        ([('layer_input', 'host', 2)], 32768)
     """
 
     spec: RematSpec
