@@ -73,6 +73,12 @@ class MaxSeqAnswer:
         attempts: each compile: ``seq``, ``measured_bytes``, ``fits``.
         notes: what the user should know (a length past the model's ``max_len``).
         caveat: how far the compiler's figures carry.
+
+    Example:
+        >>> from jaxckpt import plan, remat
+        >>> answer = plan.MaxSeqAnswer(8192, 9216, plan.SeqPlan(remat.get("full"), None), 1, 2, 0, 3, "xla-cpu")
+        >>> answer.to_dict()["plan"]["remat"], answer.max_seq
+        ('full', 8192)
     """
 
     max_seq: int
