@@ -27,6 +27,7 @@ FLAGS: dict[str, str] = {
     "checkpoint_dir": "--checkpoint-dir",
     "checkpoint_every": "--checkpoint-every",
     "coordinator": "--coordinator",
+    "context_parallel": "--context-parallel",
     "data": "--data",
     "data.eval_every": "--eval-every",
     "data.eval_path": "--eval-data",

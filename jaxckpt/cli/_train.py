@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 
 from jaxckpt import nn, plan, remat, train
-from jaxckpt.attention import implementations
+from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES, implementations
 from jaxckpt.cli._common import (
     OPTIMIZER_FLAGS,
     add_lora_arguments,
@@ -85,8 +85,15 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--mesh",
         help="data parallel + FSDP over all devices (of every process), e.g. data=2,fsdp=4 "
-        "(parameters, gradients and optimizer state split over fsdp; the batch over both); "
+        "(parameters, gradients and optimizer state split over fsdp; the batch over both), and context "
+        "parallelism with seq=N (every activation split along the sequence: fsdp=2,seq=4); "
         "default: one device, or with --num-processes P > 1: data=P,fsdp=<devices per process>",
+    )
+    p.add_argument(
+        "--context-parallel",
+        choices=CONTEXT_PARALLEL_STRATEGIES,
+        help="with seq=N in --mesh: how the attention spans the sequence's shards: all_gather (K/V "
+        "gathered, the default) or ring (K/V blocks passed around the ring)",
     )
     multi = p.add_argument_group(
         "multi-host",
@@ -184,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
 def train_run(args: argparse.Namespace) -> train.RunConfig:
     """The ``train.RunConfig`` that the flags describe (its checks name the fields, which
     ``jaxckpt.cli._flags`` writes as the flags)."""
-    memory = {name: getattr(args, name) for name in ("remat", "attention", "budget", "mlp_chunk")}
+    names = ("remat", "attention", "budget", "mlp_chunk", "context_parallel")
+    memory = {name: getattr(args, name) for name in names}
     return train.RunConfig(
         steps=args.steps,
         batch=args.batch,

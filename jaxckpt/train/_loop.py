@@ -160,7 +160,8 @@ def train(model_config: TransformerConfig, run: RunConfig, *, plan=None) -> Trai
     feed = run_data(options, tok, **sizes, seed=run.seed)
     optimizer = run.step_optimizer
     model = initial_model(config, run.seed, run.init_from, optimizer, attention=run.attention)
-    trainer = Trainer(model, optimizer=optimizer, mesh=mesh, seed=run.seed, remat=run.remat)
+    parallel = {"mesh": mesh, "context_parallel": run.context_parallel}
+    trainer = Trainer(model, optimizer=optimizer, seed=run.seed, remat=run.remat, **parallel)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(feed.first))
     _prepare_checkpoint_dir(directory, ckpt.resume, ckpt.force)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from jaxckpt._checks import known_fields, require_positive_int
 from jaxckpt._sizes import parse_size
+from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
 from jaxckpt.data import DEFAULT_SHUFFLE_BUFFER, check_fraction
 from jaxckpt.remat import AUTO, RematSpec, Tag
 from jaxckpt.remat import get as get_remat
@@ -187,9 +188,13 @@ class RunConfig:
         checkpoint: a ``CheckpointConfig`` (or its dict).
         init_from: take the parameters from a jaxckpt checkpoint directory (trained, or
             converted by ``jaxckpt convert``) or a Hugging Face directory.
-        mesh: data parallel + FSDP: a ``jax.sharding.Mesh``, or axis sizes such as
-            ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"``; None: one device (in a
-            multi-process run: ``data`` = the processes, ``fsdp`` = each one's devices).
+        mesh: data parallel + FSDP (+ context parallelism): a ``jax.sharding.Mesh``, or axis
+            sizes such as ``{"data": 2, "fsdp": 4}`` / ``"data=2,fsdp=4"`` /
+            ``"fsdp=2,seq=4"`` (``seq``: every activation split along the sequence); None: one
+            device (in a multi-process run: ``data`` = the processes, ``fsdp`` = each one's devices).
+        context_parallel: on a mesh with a ``seq`` axis, how the attention spans the shards:
+            ``"all_gather"`` (K/V gathered) or ``"ring"`` (K/V passed around the ring);
+            ``jaxckpt.attention.CONTEXT_PARALLEL_STRATEGIES``.
         on_nonfinite: ``"stop"`` (raise ``NonFiniteError`` at the first non-finite loss)
             or ``"skip"`` (skip such steps and count them).
         remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``: the
@@ -230,6 +235,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     init_from: PathLike = None
     mesh: object = None
+    context_parallel: str = "all_gather"
     on_nonfinite: str = "stop"
     remat: "str | RematSpec" = "full"
     attention: "str | None" = None
@@ -251,6 +257,9 @@ class RunConfig:
                     f"RunConfig: {name} must be a {cls.__name__} or its dict, got {type(value).__name__}"
                 )
         check_on_nonfinite(self.on_nonfinite)
+        if self.context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
+            known = ", ".join(CONTEXT_PARALLEL_STRATEGIES)
+            raise ValueError(f"context_parallel={self.context_parallel!r} must be one of {known}")
         if self.mlp_chunk is not None:
             require_positive_int("mlp_chunk", self.mlp_chunk)
         if self.budget is not None:

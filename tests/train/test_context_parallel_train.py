@@ -149,3 +149,18 @@ def test_zigzag_batch_keeps_each_target_with_its_input():
     np.testing.assert_array_equal(packed.segment_ids, _packed(0).segment_ids[..., order])
     with pytest.raises(ValueError, match="seq=40 must be a multiple of 2 x the mesh's seq=8"):
         zigzag_batch(windows[..., :41], 8)
+
+
+def test_run_config_names_the_context_parallel_strategy():
+    assert train.RunConfig(steps=1, batch=1, seq=8, context_parallel="ring").context_parallel == "ring"
+    with pytest.raises(ValueError, match="context_parallel='zigzag' must be one of all_gather, ring"):
+        train.RunConfig(steps=1, batch=1, seq=8, context_parallel="zigzag")
+
+
+def test_cli_context_parallel_flag_reaches_the_run():
+    from jaxckpt.cli._main import build_parser
+    from jaxckpt.cli._train import train_run
+
+    args = build_parser().parse_args(["train", "--mesh", "fsdp=2,seq=4", "--context-parallel", "ring"])
+    run = train_run(args)
+    assert run.context_parallel == "ring" and run.mesh == "fsdp=2,seq=4"
