@@ -13,6 +13,7 @@ from jaxckpt.remat import PRESETS, RematSpec, Tag
 
 def test_every_preset_is_a_spec_and_get_returns_it():
     expected = {"none", "full", "dots", "save_qkv", "save_attn", "minimal", "offload_qkv", "offload_minimal"}
+    expected |= {"offload_full", "offload_full_save_attn"}
     assert expected | {"ratio_0.5", "ratio_0.25"} <= set(PRESETS)
     for name, spec in PRESETS.items():
         assert remat.get(name) is spec
