@@ -33,6 +33,7 @@ SMOKE_PARAMETERS = {
     "04_pytorch_checkpoints": "STEPS, BATCH, SEQ = 3, 2, 16",
     "05_ascend_npu": "LENGTHS = (16, 32)",
     "06_finetune": ("N_RECORDS = 40\nSTEPS, BATCH, SEQ, EVAL_EVERY, EVAL_SPLIT = 4, 2, 64, 2, 0.1\nNEW = 6"),
+    "07_long_context": "SEQ = 1024\nMLP_CHUNK = 128\nSTEPS = 1",
 }
 
 
