@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.measure import Measurement
 
 from jaxckpt import nn, plan, remat
+from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
 from jaxckpt.cli._common import (
     add_lora_arguments,
     add_mlp_chunk_argument,
@@ -54,6 +55,8 @@ PLAN_FLAGS = {
     "quantize_base": "--quantize-base",
     "moments_dtype": "--moments-dtype",
     "optimizer.offload_master": "--offload-master",
+    "seq_shards": "--seq-shards",
+    "context_parallel": "--context-parallel",
 }
 """Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
 has the rest)."""
@@ -121,6 +124,20 @@ def add_parser(sub) -> None:
         help="plan per device for FSDP over this many devices (jaxckpt train --mesh fsdp=N); the batch "
         "is split over them and every candidate is compiled over N devices (a GPU --device's, a TPU "
         "slice of N chips, or simulated CPU devices)",
+    )
+    p.add_argument(
+        "--seq-shards",
+        type=int,
+        default=1,
+        metavar="S",
+        help="of --devices, S split each sequence (context parallelism: jaxckpt train --mesh "
+        "fsdp=N/S,seq=S); the state and the batch are split over the other N/S",
+    )
+    p.add_argument(
+        "--context-parallel",
+        choices=CONTEXT_PARALLEL_STRATEGIES,
+        default="all_gather",
+        help="with --seq-shards: the attention across the shards: all_gather (K/V gathered) or ring",
     )
     add_optimizer_arguments(p, loss_scale=False)
     p.add_argument(
@@ -235,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
         micro_batches=args.micro_batches,
         optimizer=optimizer_config(args),
         devices=args.devices,
+        seq_shards=args.seq_shards,
+        context_parallel=args.context_parallel,
     )
     target, target_note = compile_target(args)
     notes = [n for n in (dtype_note, target_note) if n]
@@ -309,6 +328,8 @@ def check(
             f"{plan.format_bytes(measured.peak)}: "
             f"{verdict} {plan.format_bytes(limit)}" + "".join(f". {n}" for n in result["notes"])
         )
+        if measured.collective_bytes is not None:
+            print(f"communication: {plan.format_bytes(measured.collective_bytes)} per device per step")
     return 0 if result["fits"] else 1
 
 

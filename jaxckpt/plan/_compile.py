@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
+from jaxckpt.attention import collective_bytes
 from jaxckpt.plan._state import abstract_train_state, state_bytes, trainable_bytes
 from jaxckpt.plan._targets import CPU, Target, compile_target, compiler_options, deviceless, target_devices
 from jaxckpt.plan._tpu_targets import hbm_overflow
@@ -132,7 +133,10 @@ def compile_step(
         jnp.int32,
         sharding=None if mesh or target is None else SingleDeviceSharding(devices[0]),
     )
-    step = jit_train_step(graphdef, spec, shardings, mesh, masters=workload.optimizer if masters else None)
+    masters = workload.optimizer if masters else None
+    step = jit_train_step(
+        graphdef, spec, shardings, mesh, masters=masters, context_parallel=workload.context_parallel
+    )
     if target is None:
         return step.lower(state, tokens).compile()
     with deviceless(target):
@@ -171,6 +175,8 @@ def compile_report(
         overflow = str(err).splitlines()[0]
         return MemoryReport(state, 0, max(0, needed[0] - state), 0, 0, overflow=overflow, **labels)
     report = dataclasses.replace(memory_report(compiled, device_stats=False), **_cost(compiled))
+    if workload.devices > 1:  # the step's communication, one device's share
+        report = dataclasses.replace(report, collective_bytes=collective_bytes(compiled).total)
     if target is not None and target.platform == "tpu":
         peak = int(compiled.memory_analysis().peak_memory_in_bytes)  # not trusted: see _tpu_targets
         report = dataclasses.replace(report, compiler_peak=peak)

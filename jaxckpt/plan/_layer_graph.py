@@ -75,8 +75,9 @@ def layer_graph(
     """
     kinds = workload.config.layer_kinds if kind is None else (kind,)
     target = None if target is None else compile_target(target)
-    config, batch, seq = workload.config, workload.local_batch, workload.seq
-    return _layer_graph(config, batch, seq, kinds, target, workload.attention)
+    config, batch, seq = workload.config, workload.local_batch, workload.local_seq
+    split = (workload.seq_shards, workload.context_parallel)
+    return _layer_graph(config, batch, seq, kinds, target, workload.attention, split)
 
 
 @dataclasses.dataclass
@@ -168,9 +169,21 @@ def _norm(
 
 
 def _attention(
-    parts: _Parts, cfg: TransformerConfig, batch: int, seq: int, kinds: tuple[LayerKind, ...], attention: str
+    parts: _Parts,
+    cfg: TransformerConfig,
+    batch: int,
+    seq: int,
+    kinds: tuple[LayerKind, ...],
+    attention: str,
+    split: tuple[int, str] = (1, "all_gather"),
 ) -> None:
-    """q, k, v from ``n1``; q/k norm; RoPE (on the rotary dims); attention; ``p`` the output projection."""
+    """q, k, v from ``n1``; q/k norm; RoPE (on the rotary dims); attention; ``p`` the output projection.
+
+    ``split``: ``(shards, strategy)`` of a sequence split over a ``seq`` axis, ``seq`` being one
+    device's share: each device's queries attend over the whole sequence (``shards`` times the
+    pairs of its share, zigzag-balanced), and a recomputed backward holds, beside its share,
+    the gathered K/V and their fp32 gradients (``"all_gather"``) or two K/V blocks in flight
+    and their fp32 gradient accumulators (``"ring"``)."""
     n, e, h = batch * seq, cfg.compute_dtype.itemsize, cfg.head_dim
     nh, kh = cfg.n_heads * h, cfg.n_kv_heads * h
     for name, tag, width in (("q", Tag.Q_PROJ, nh), ("k", Tag.K_PROJ, kh), ("v", Tag.V_PROJ, kh)):
@@ -201,7 +214,11 @@ def _attention(
     parts.values.append(Value("o", Tag.ATTN_OUT if flash else None, o_bytes))
     if flash:
         parts.values.append(Value("lse", Tag.ATTN_LSE, n * cfg.n_heads * 4))
-    flops = sum(attention_flops(cfg, batch, seq, kind) for kind in kinds) / len(kinds)
+    shards, strategy = split
+    flops = shards * sum(attention_flops(cfg, batch, seq, kind) for kind in kinds) / len(kinds)
+    if shards > 1:
+        kv = 2 * n * kh  # K and V of one device's share, elements
+        parts.held += kv * (shards - 1) * (e + 4) if strategy == "all_gather" else kv * (2 * e + 4)
     parts.ops.append(Op("attention", (q, k, "v"), outputs, round(flops)))
     parts.reads.update((q, k, "v", *outputs))
     widths = (nh, cfg.d_model)
@@ -271,6 +288,7 @@ def _layer_graph(
     kinds: tuple[LayerKind, ...],
     target: Target | None = None,
     attention: "str | None" = None,
+    split: tuple[int, str] = (1, "all_gather"),
 ) -> LayerGraph:
     """``layer_graph`` at ``[batch, seq]`` (one device's batch), over the layers of ``kinds``,
     compiled for ``target`` (None: XLA:CPU), attending with ``attention`` (None: automatic)."""
@@ -280,7 +298,7 @@ def _layer_graph(
     tpu = target is not None and target.platform == "tpu"
     parts = _Parts(gpu=target is not None, tpu=tpu, values=[x])
     _norm(parts, cfg, "norm1", "x", "n1", n, d, Tag.NORM_OUT)
-    _attention(parts, cfg, batch, seq, kinds, attention)
+    _attention(parts, cfg, batch, seq, kinds, attention, split)
     out = "p"
     if cfg.post_norms:  # Gemma: x + post(attn(pre(x))), and the same around the MLP
         _norm(parts, cfg, "post_norm1", "p", "pn", n, d)

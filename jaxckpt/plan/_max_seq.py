@@ -70,13 +70,16 @@ class MaxSeqAnswer:
         host_bytes: host memory (``pinned_host``) the step needs at ``max_seq`` (predicted).
         usable_bytes: the budget less its headroom.
         measured_on: the compiler of ``measured_bytes`` (``MemoryReport.measured_on``).
+        collective_bytes: what one device receives through collectives in a step at
+            ``max_seq`` (``MemoryReport.collective_bytes``; None on one device).
         attempts: each compile: ``seq``, ``measured_bytes``, ``fits``.
         notes: what the user should know (a length past the model's ``max_len``).
         caveat: how far the compiler's figures carry.
 
     Example:
         >>> from jaxckpt import plan, remat
-        >>> answer = plan.MaxSeqAnswer(8192, 9216, plan.SeqPlan(remat.get("full"), None), 1, 2, 0, 3, "xla-cpu")
+        >>> full = plan.SeqPlan(remat.get("full"), None)
+        >>> answer = plan.MaxSeqAnswer(8192, 9216, full, 1, 2, 0, 3, "xla-cpu")
         >>> answer.to_dict()["plan"]["remat"], answer.max_seq
         ('full', 8192)
     """
@@ -90,6 +93,7 @@ class MaxSeqAnswer:
     usable_bytes: int
     measured_on: str
     attempts: tuple = ()
+    collective_bytes: "int | None" = None
     notes: tuple = ()
     caveat: str = ""
 
@@ -222,6 +226,10 @@ def max_seq(
     require_workload(workload, "max_seq")
     if multiple < 1 or compiles < 1:
         raise ValueError(f"max_seq: multiple={multiple} and compiles={compiles} must be >= 1")
+    if multiple % (2 * workload.seq_shards):
+        raise ValueError(
+            f"max_seq: multiple={multiple} must be a multiple of 2 x seq_shards={workload.seq_shards}"
+        )
     name = target if isinstance(target, str) else getattr(target, "name", None)
     if isinstance(device, str) or device is None:
         device = DEVICES.get(device or name or "cpu", DEVICES["cpu"])
@@ -260,7 +268,7 @@ def max_seq(
     if best is None:
         notes = (f"no length confirmed by the compiler in {len(attempts)} compiles",)
         on = measured.measured_on
-        return MaxSeqAnswer(0, predicted_seq, None, 0, 0, 0, limit, on, tuple(attempts), notes, caveat)
+        return MaxSeqAnswer(0, predicted_seq, None, 0, 0, 0, limit, on, tuple(attempts), None, notes, caveat)
     seq, measured = best
     prediction = predict(at_length(workload, seq, plan.mlp_chunk), plan.spec, target=target)
     notes = []
@@ -271,7 +279,7 @@ def max_seq(
         )
     return MaxSeqAnswer(
         seq, predicted_seq, plan, int(prediction.total), int(measured.peak), int(prediction.host),
-        limit, measured.measured_on, tuple(attempts), tuple(notes), caveat,
+        limit, measured.measured_on, tuple(attempts), measured.collective_bytes, tuple(notes), caveat,
     )  # fmt: skip
 
 
@@ -295,4 +303,6 @@ def describe_max_seq(answer: MaxSeqAnswer) -> str:
         f"({answer.measured_on}) of {size(answer.usable_bytes)}; host: {size(answer.host_bytes)}",
         f"compiles: {compiled}",
     ]
+    if answer.collective_bytes is not None:
+        lines.append(f"communication: {size(answer.collective_bytes)} per device per step")
     return "\n".join(lines + list(answer.notes))

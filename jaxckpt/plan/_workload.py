@@ -19,6 +19,7 @@ import jax
 
 from jaxckpt import train
 from jaxckpt._checks import known_fields, require_positive_int
+from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import OptimizerConfig, has_master_weights, parse_mesh
 
@@ -40,7 +41,8 @@ def placement(offloaded: bool) -> str:
 
 
 MESH_AXES = ("data", "fsdp")
-"""The mesh axes ``jaxckpt.train`` splits over; the planner models ``data=1, fsdp=D``."""
+"""The mesh axes ``jaxckpt.train`` splits the batch over; the planner models ``data=1, fsdp=D``
+(and a ``seq`` axis: ``Workload.seq_shards``)."""
 
 
 def require_workload(workload, where: str) -> None:
@@ -69,8 +71,14 @@ class Workload:
             full fine-tuning (``offload_master``, ``param_dtype="float32"`` with a 16-bit
             compute) live in host memory (``pinned_host``), and the in-step skip of
             non-finite steps.
-        devices: FSDP devices (``fsdp=D``); every byte figure is then one device's.
+        devices: all the devices (``fsdp=D``, or ``fsdp=D/S,seq=S``); every byte figure is
+            then one device's.
         attention: the ``flash_attention`` implementation the step runs (None: automatic).
+        seq_shards: of the devices, how many split each sequence (the mesh's ``seq`` axis,
+            context parallelism): the state and the batch are split over the other
+            ``fsdp = devices / seq_shards``, every activation over these along T.
+        context_parallel: the attention's strategy across the sequence's shards
+            (``"all_gather"`` or ``"ring"``; ``jaxckpt train --context-parallel``).
 
     A new field is one line here (with its default); ``to_dict``, ``from_dict`` and
     ``replace`` follow the dataclass fields.
@@ -96,6 +104,8 @@ class Workload:
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     devices: int = 1
     attention: "str | None" = None
+    seq_shards: int = 1
+    context_parallel: str = "all_gather"
 
     def __post_init__(self):
         if not isinstance(self.config, TransformerConfig):
@@ -105,7 +115,7 @@ class Workload:
                 f"Workload: optimizer must be a train.OptimizerConfig, got {self.optimizer!r} "
                 "(e.g. train.OptimizerConfig(name='sgd'))"
             )
-        for name in ("batch", "seq", "micro_batches", "devices"):
+        for name in ("batch", "seq", "micro_batches", "devices", "seq_shards"):
             require_positive_int(name, getattr(self, name), "Workload: ")
         if self.seq > self.config.max_len:  # as train.train refuses it, before anything is traced
             raise ValueError(
@@ -119,11 +129,25 @@ class Workload:
                 f"param_dtype={self.config.param_dtype!r}, "
                 f"dtype={self.config.dtype!r}, lora={self.config.lora is not None}"
             )
-        if self.batch % self.devices:
+        if self.devices % self.seq_shards:
             raise ValueError(
-                f"Workload: batch={self.batch} must be a multiple of devices={self.devices}: FSDP gives "
-                "each device an equal share of the batch"
+                f"Workload: seq_shards={self.seq_shards} must divide devices={self.devices}: the mesh is "
+                f"fsdp=devices/seq_shards, seq=seq_shards"
             )
+        if self.batch % self.fsdp:
+            raise ValueError(
+                f"Workload: batch={self.batch} must be a multiple of devices={self.devices}"
+                + (f" / seq_shards={self.seq_shards}" if self.seq_shards > 1 else "")
+                + ": FSDP gives each device an equal share of the batch"
+            )
+        if self.seq_shards > 1 and self.seq % (2 * self.seq_shards):
+            raise ValueError(
+                f"Workload: seq={self.seq} must be a multiple of 2 x seq_shards={self.seq_shards}: each "
+                "device of the seq axis holds two chunks of every row (the load-balanced order)"
+            )
+        if self.context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
+            known = ", ".join(CONTEXT_PARALLEL_STRATEGIES)
+            raise ValueError(f"Workload: context_parallel={self.context_parallel!r} must be one of {known}")
 
     @classmethod
     def from_run(cls, model_config: TransformerConfig, run: train.RunConfig) -> "Workload":
@@ -153,6 +177,7 @@ class Workload:
             micro_batches=run.micro_batches,
             optimizer=run.step_optimizer,
             attention=run.attention,
+            context_parallel=run.context_parallel,
         )
 
     @classmethod
@@ -184,7 +209,8 @@ class Workload:
                 f"remat=auto plans per device for FSDP meshes (fsdp=N); mesh={shape} has a data axis: "
                 "use mesh=fsdp=N, or pick remat= explicitly"
             )
-        return cls(config, batch, seq, **fields, devices=shape["fsdp"])
+        seq_shards = shape.get("seq", 1)
+        return cls(config, batch, seq, **fields, devices=shape["fsdp"] * seq_shards, seq_shards=seq_shards)
 
     @property
     def has_master_weights(self) -> bool:
@@ -192,14 +218,24 @@ class Workload:
         return has_master_weights(self.config)
 
     @property
+    def fsdp(self) -> int:
+        """The devices the batch and the state are split over (``devices / seq_shards``)."""
+        return self.devices // self.seq_shards
+
+    @property
     def local_batch(self) -> int:
-        """One device's share of ``batch`` (``B / D``)."""
-        return self.batch // self.devices
+        """One device's share of ``batch`` (``B / fsdp``)."""
+        return self.batch // self.fsdp
+
+    @property
+    def local_seq(self) -> int:
+        """One device's share of each sequence (``T / seq_shards``)."""
+        return self.seq // self.seq_shards
 
     @property
     def local_tokens(self) -> int:
-        """Tokens one device runs per micro-batch (``B / D x T``)."""
-        return self.local_batch * self.seq
+        """Tokens one device runs per micro-batch (``B / fsdp x T / seq_shards``)."""
+        return self.local_batch * self.local_seq
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -213,8 +249,10 @@ class Workload:
 
     @property
     def mesh_shape(self) -> dict[str, int]:
-        """The mesh planned for: every device in ``fsdp`` (ZeRO-3), ``data=1``."""
-        return {"data": 1, "fsdp": self.devices}
+        """The mesh planned for: ``data=1``, the devices in ``fsdp`` (ZeRO-3), and a ``seq``
+        axis of ``seq_shards`` when the sequence is split (context parallelism)."""
+        seq = {"seq": self.seq_shards} if self.seq_shards > 1 else {}
+        return {"data": 1, "fsdp": self.fsdp, **seq}
 
     def replace(self, **changes) -> "Workload":
         """A copy with ``changes`` applied (and validated)."""

@@ -24,7 +24,9 @@ class MemoryReport:
     compiles these figures are the largest of (GPU targets: one per GEMM emitter).
     ``flops`` and ``bytes_accessed`` are the compiler's ``cost_analysis()`` of the program
     (where ``jaxckpt.plan`` compiled it; None otherwise): what a roofline estimate of its
-    time reads (``jaxckpt.plan.roofline_seconds``).
+    time reads (``jaxckpt.plan.roofline_seconds``). ``collective_bytes`` is what one device
+    receives through collectives in one run of a multi-device program (read from its HLO by
+    ``jaxckpt.attention.collective_bytes``, loops by their trip counts; None for one device).
     ``compiler_peak`` is ``peak_memory_in_bytes`` where it differs in meaning from ``peak``
     (XLA:TPU: a live-range peak over every memory space, VMEM included, without the
     fragmentation of the temporaries' allocation; see ``jaxckpt.plan._tpu_targets``).
@@ -54,6 +56,7 @@ class MemoryReport:
     compiler_peak: int | None = None
     flops: float | None = None
     bytes_accessed: float | None = None
+    collective_bytes: int | None = None
 
     @property
     def activations(self) -> int | None:
