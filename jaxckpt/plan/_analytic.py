@@ -331,8 +331,8 @@ def head_working_set(workload: Workload, *, target: "str | Target | None" = None
         head = workload.local_batch * size * config.vocab_size * per_logit
         head += workload.local_batch * chunks * size * config.d_model * e  # g_x, every chunk's
         if config.lora is None:  # the fp32 sum of the head's weight gradient, and the chunk's
-            head += 2 * config.vocab_size * config.d_model * 4 // workload.fsdp
-    return head + (gathered if workload.fsdp > 1 else 0)
+            head += 2 * config.vocab_size * config.d_model * 4 // workload.devices
+    return head + (gathered if workload.devices > 1 else 0)
 
 
 def unwritten_grads(workload: Workload, *, target: "str | Target | None" = None) -> int:
@@ -356,7 +356,7 @@ def unwritten_grads(workload: Workload, *, target: "str | Target | None" = None)
     head = (
         0 if config.lora is not None else config.vocab_size * config.d_model * config.storage_dtype.itemsize
     )
-    return max(0, trainable_bytes(workload, target=target) - head // workload.fsdp)
+    return max(0, trainable_bytes(workload, target=target) - head // workload.devices)
 
 
 def head_branch(workload: Workload, *, target: "str | Target | None" = None) -> int:
@@ -425,7 +425,7 @@ def predict(
         if config.n_layers > k > 1:
             # a segment's backward pass slices k layers' parameters and their gradients
             # out of the stacks (measured: XLA copies both)
-            layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.fsdp
+            layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.devices
     working = max(layer, head_branch(workload, target=target)) + compiler_extras(workload, target=target)
     in_vmem = on_tpu(target) and working <= VMEM_SCRATCH
     if in_vmem:  # held in VMEM, no HBM (see the module)

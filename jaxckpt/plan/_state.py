@@ -172,7 +172,7 @@ def _on_tpu(target: "str | Target | None") -> bool:
 
 
 def _key(workload: Workload) -> tuple:
-    return workload.config, workload.optimizer, workload.fsdp
+    return workload.config, workload.optimizer, workload.devices
 
 
 def state_bytes(workload: Workload, *, target: "str | Target | None" = None) -> tuple[int, int]:
@@ -338,8 +338,8 @@ def widened_bytes(workload: Workload, *, target: "str | Target | None" = None) -
         return 0
     config = workload.config
     if workload.optimizer.offload_master and config.compute_dtype == WIDENED:
-        return _widened_bytes(config.replace(param_dtype=config.dtype), workload.fsdp) // 2
-    return _widened_bytes(config, workload.fsdp)
+        return _widened_bytes(config.replace(param_dtype=config.dtype), workload.devices) // 2
+    return _widened_bytes(config, workload.devices)
 
 
 def _transposed_bytes(config: TransformerConfig, devices: int) -> int:
@@ -370,9 +370,9 @@ def transposed_bytes(workload: Workload, *, target: "str | Target | None" = None
         >>> transposed_bytes(w.replace(devices=1), target="h100-80g")
         0
     """
-    if target is None or workload.fsdp == 1:
+    if target is None or workload.devices == 1:
         if target is not None:
             compile_target(target)
         return 0
     compile_target(target)
-    return _transposed_bytes(workload.config, workload.fsdp)
+    return _transposed_bytes(workload.config, workload.devices)

@@ -75,8 +75,8 @@ class Workload:
             then one device's.
         attention: the ``flash_attention`` implementation the step runs (None: automatic).
         seq_shards: of the devices, how many split each sequence (the mesh's ``seq`` axis,
-            context parallelism): the state and the batch are split over the other
-            ``fsdp = devices / seq_shards``, every activation over these along T.
+            context parallelism): the batch is split over the other ``fsdp = devices /
+            seq_shards``, every activation over these along T, and the state over all.
         context_parallel: the attention's strategy across the sequence's shards
             (``"all_gather"`` or ``"ring"``; ``jaxckpt train --context-parallel``).
 
@@ -219,7 +219,8 @@ class Workload:
 
     @property
     def fsdp(self) -> int:
-        """The devices the batch and the state are split over (``devices / seq_shards``)."""
+        """The devices the batch is split over (``devices / seq_shards``; the state is split
+        over every device, ``jaxckpt.train.leaf_spec``)."""
         return self.devices // self.seq_shards
 
     @property

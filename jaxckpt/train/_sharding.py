@@ -166,7 +166,8 @@ def leaf_spec(
 ) -> PartitionSpec:
     """The leaf split over ``axis`` along its largest dimension that ``mesh.shape[axis]``
     divides, among those whose logical name (``names``) ``LOGICAL_AXIS_RULES`` lets
-    ``axis`` split.
+    ``axis`` split. On a mesh with a ``seq`` axis, ``fsdp`` splits are over ``("fsdp", "seq")``:
+    every device holds its own share of the state.
 
     Example:
         >>> import jax
@@ -175,8 +176,14 @@ def leaf_spec(
         ('fsdp', None)
         >>> tuple(leaf_spec((6, 4), mesh, names=("layers", "embed")))
         (None, 'fsdp')
+        >>> tuple(leaf_spec((6, 4), make_mesh({"fsdp": 1, "seq": 1}, devices=jax.devices()[:1])))
+        (('fsdp', 'seq'), None)
     """
-    size = mesh.shape[axis]
+    # on a mesh with a seq axis the state is split over it too (ZeRO-3 over every device, as
+    # MaxText splits weights over its context axis): the seq devices would otherwise each hold
+    # the fsdp share whole
+    axes = (axis, SEQ_AXIS) if axis == "fsdp" and SEQ_AXIS in mesh.shape else (axis,)
+    size = math.prod(mesh.shape[a] for a in axes)
     names = (None,) * len(shape) if names is None else names
     if len(names) != len(shape):
         raise ValueError(f"leaf_spec: {len(names)} logical names {names} for a shape {shape}")
@@ -188,7 +195,8 @@ def leaf_spec(
     if not candidates:
         return PartitionSpec()
     best = max(candidates, key=lambda d: (shape[d], -d))
-    return PartitionSpec(*(axis if d == best else None for d in range(len(shape))))
+    split = axes if len(axes) > 1 else axis
+    return PartitionSpec(*(split if d == best else None for d in range(len(shape))))
 
 
 def state_shardings(state, mesh: Mesh):
