@@ -55,7 +55,7 @@ import matplotlib.pyplot as plt
 MIB = 2**20
 GOAL_ERROR = 0.05  # median |predicted - measured| / measured
 GOAL_RATIO = 1.05  # solver step time / fastest fitting preset's
-OFFLOAD_PRESETS = ("offload_qkv", "offload_minimal")
+OFFLOAD_PRESETS = tuple(name for name, spec in remat.PRESETS.items() if spec.offload)
 SHORT_TAGS = {"norm_out": "norm", "attn_out": "o", "attn_lse": "lse", "out_proj": "proj", "layer_input": "x"}
 
 

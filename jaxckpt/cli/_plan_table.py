@@ -82,13 +82,16 @@ def table(result: dict) -> Table:
     t.add_column("remat", justify="left")
     for header, _ in _SIZE_COLUMNS:
         t.add_column(header, justify="right")
-    for header in ("fits", "recompute", *(["est. step"] if estimated else []), "measured"):
+    hosted = any(r.get("host_bytes") for r in result["rows"])  # offloaded state or activations
+    for header in (*(["host"] if hosted else []), "fits", "recompute", *(["est. step"] if estimated else [])):
         t.add_column(header, justify="right")
+    t.add_column("measured", justify="right")
     for r in result["rows"]:
         is_chosen = chosen is not None and r["remat"] == chosen["remat"]
         t.add_row(
             ("* " if is_chosen else "  ") + r["remat"],
             *(plan.format_bytes(r[key]) for _, key in _SIZE_COLUMNS),
+            *([plan.format_bytes(r["host_bytes"])] if hosted else []),
             "yes" if r["fits"] else "no",
             _percent(r["recompute_fraction"]),
             *([_duration(r["estimated_seconds"])] if estimated else []),

@@ -91,6 +91,9 @@ def test_table_marks_the_chosen_row_with_its_measured_peak(capsys):
             assert any(f" {name} " in line and line.rstrip().endswith("%") for line in lines), name
     for text in ("Budget 20.00 MiB", "smallest peak", "XLA:CPU", "recompute"):
         assert text in out
+    if remat.has_pinned_host():  # the offload rows' host memory in a column of its own
+        header = next(line for line in lines if "recompute" in line and "remat" in line)
+        assert " host " in header
 
 
 @pytest.mark.slow
