@@ -22,6 +22,7 @@ Writes the JSON after every row, so an interrupted run keeps what it measured.
 """
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -78,7 +79,7 @@ def row(key: str, label: str, options: dict, split: bool, target: str, compiles:
     make, devices, _ = MODELS[key]
     split = split or devices > 1
     devices, shards = (8, 8) if split else (1, 1)
-    workload = plan.Workload(make(), batch=devices // shards, seq=1, devices=devices, seq_shards=shards)
+    workload = plan.Workload(make(), batch=devices // shards, seq=2 * shards, devices=devices, seq_shards=shards)
     device = plan.DEVICES[target]
     start = time.perf_counter()
     answer = plan.max_seq(workload, device.memory, target=target, compiles=compiles, **options)
@@ -131,16 +132,19 @@ def main(argv=None) -> int:
     parser.add_argument("--features", type=int, default=len(FEATURES), help="the first N feature rows")
     parser.add_argument("--compiles", type=int, default=3, help="compiles per row, at most")
     parser.add_argument("--out", default=str(harness.RESULTS / "long_context.json"))
+    parser.add_argument("--resume", action="store_true", help="keep the rows --out already holds")
     args = parser.parse_args(argv)
     missing = plan.aot_unavailable(args.target)
     if missing:
         print(f"cannot compile for {args.target}: {missing}", file=sys.stderr)
         return 1
-    rows = []
+    rows = json.loads(Path(args.out).read_text())["rows"] if args.resume and Path(args.out).exists() else []
     for key in args.models.split(","):
         for label, options, split in FEATURES[: args.features]:
             if key == "8b-full" and split:
                 continue  # every row of it is split already
+            if any(r["model"] == key and r["feature"] == label for r in rows):
+                continue  # --resume: measured already
             rows.append(row(key, label, options, split, args.target, args.compiles))
             print(f"{key} {label}: T={rows[-1]['max_seq']:,} ({rows[-1]['seconds']} s)", flush=True)
             payload = {

@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     workload = plan.Workload(
         config,
         args.batch,
-        args.seq or 1,
+        args.seq or 2 * max(1, args.seq_shards),  # --max-seq: a placeholder the search replaces
         micro_batches=args.micro_batches,
         optimizer=optimizer_config(args),
         devices=args.devices,
