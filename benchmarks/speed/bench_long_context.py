@@ -79,7 +79,8 @@ def row(key: str, label: str, options: dict, split: bool, target: str, compiles:
     make, devices, _ = MODELS[key]
     split = split or devices > 1
     devices, shards = (8, 8) if split else (1, 1)
-    workload = plan.Workload(make(), batch=devices // shards, seq=2 * shards, devices=devices, seq_shards=shards)
+    sizes = {"batch": devices // shards, "seq": 2 * shards, "devices": devices, "seq_shards": shards}
+    workload = plan.Workload(make(), **sizes)
     device = plan.DEVICES[target]
     start = time.perf_counter()
     answer = plan.max_seq(workload, device.memory, target=target, compiles=compiles, **options)
