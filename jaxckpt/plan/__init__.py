@@ -14,9 +14,9 @@ devices) and, where it asks about one, a remat spec:
   confirmed by a compile.
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
-``_devices``, ``_tpu_targets``, ``_targets``, ``_specs``, ``_state``, ``_layer_costs``, ``_layer_graph``,
-``_compile``, ``_sharded``, ``_measure``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``,
-``_solver``, ``_table``, ``_auto``, ``_max_seq``.
+``_devices``, ``_tpu_targets``, ``_targets``, ``_compilers``, ``_specs``, ``_state``, ``_layer_costs``,
+``_layer_graph``, ``_compile``, ``_sharded``, ``_measure``, ``_working_set``, ``_analytic``, ``_cost``,
+``_by_cost``, ``_milp``, ``_solver``, ``_table``, ``_auto``, ``_max_seq``.
 
 Example:
     >>> from jaxckpt import nn, plan

@@ -112,6 +112,7 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
 import dataclasses
 
 from jaxckpt.nn import TransformerConfig, segment_sizes
+from jaxckpt.plan._compilers import VMEM_SCRATCH, compiled_by, hbm_temp, on_tpu
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._specs import saved_tags
 from jaxckpt.plan._state import (
@@ -120,15 +121,14 @@ from jaxckpt.plan._state import (
     loss_scale_bytes,
     state_bytes,
     trainable_bytes,
-    transposed_bytes,
     update_workspace,
     widened_bytes,
 )
-from jaxckpt.plan._targets import Target, compile_target
+from jaxckpt.plan._targets import Target
+from jaxckpt.plan._working_set import compiler_extras, head_branch, layer_working_set
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
-from jaxckpt.train._loss import chunk_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,216 +164,6 @@ class Prediction:
     def to_dict(self) -> dict:
         """The fields, with ``total``."""
         return {**dataclasses.asdict(self), "total": self.total}
-
-
-GEMM_WORKSPACE = 4 * 2**20
-"""Bytes of the workspace XLA:GPU gives each cuBLAS matmul (``s8[4194304]`` in the custom
-call's result on the sm_80 and sm_90 targets); the calls run one at a time, so a step
-holds one. ``measure`` reports the larger peak of Triton's and cuBLAS's GEMMs, and on a
-small step that is cuBLAS's, by this workspace."""
-
-
-VMEM_SCRATCH = 112 * 2**20
-"""Bytes of the VMEM scratch XLA:TPU's memory-space assignment fills with temporaries
-(memory space 1: ``allocation: size 117440512, color 1, preallocated-temp`` in the buffer
-assignment of ``tiny``, ``small`` and ``llama3.2-1b`` steps for v5e, of its 128 MiB of
-VMEM): temporaries there take no HBM. ``predict`` holds a working set of at most this in
-VMEM (the same bound for v5p and v6e: their dumps were not read)."""
-
-
-TPU_FRAGMENTATION = (1.09, 1.54)
-"""XLA:TPU's temporaries' allocation (``temp_size_in_bytes``) over the bytes live at its peak,
-without remat and with it: the median of ``temp / (compiler_peak - argument)`` (the
-compiler's own live-range peak, without fragmentation) over the v5e rows of
-``bench_plan_tpu.py`` (libtpu 0.0.42.1). Without remat: ``tiny`` 1.06, ``small`` 1.11,
-``gpt2`` 1.09 (B=8, T=1024). With remat (``full``, ``save_attn``): ``small`` 1.51, 1.56,
-``gpt2`` 1.58, 1.55, ``llama3.2-1b`` (B=4, T=2048) ``full`` 1.54, QLoRA ``llama3.1-8b``
-(B=1, T=8192) ``full`` 1.51, ``save_attn`` 1.35. The compiler's out-of-memory report names
-it: "HLO temp 9.96G (Unpadded 7.85G, 21.1% fragmentation (2.10G))". The buffer assignment
-it dumps does not show it: its temp allocation (``llama3.2-1b`` ``full``: 4,397,957,632
-bytes) is below ``temp_size_in_bytes`` (6,290,617,344); what fills the difference is
-not known, only that a remat'd step (a backward loop that allocates and frees a layer's
-recomputed buffers) has more of it."""
-
-
-def hbm_temp(live: int, target: "str | Target | None", remat: bool = True) -> int:
-    """XLA:TPU's temporaries' allocation in HBM (``temp_size_in_bytes``) for ``live`` bytes of
-    temporaries the model holds at the peak (activations and gradients), with or without
-    ``remat``: ``live x TPU_FRAGMENTATION``; ``live`` itself for other compilers.
-
-    Example:
-        >>> hbm_temp(100, "tpu-v5e"), hbm_temp(100, "tpu-v5e", remat=False), hbm_temp(100, None)
-        (154, 109, 100)
-    """
-    if not on_tpu(target):
-        return live
-    return round(live * TPU_FRAGMENTATION[bool(remat)])
-
-
-def live_temp(allocation: int, target: "str | Target | None", remat: bool = True) -> int:
-    """The inverse of ``hbm_temp``: the live bytes an allocation of ``allocation`` holds (the
-    solver's budget rows).
-
-    Example:
-        >>> live_temp(154, "tpu-v5e"), live_temp(154, None)
-        (100, 154)
-    """
-    if not on_tpu(target):
-        return allocation
-    return int(allocation / TPU_FRAGMENTATION[bool(remat)])
-
-
-def _target(target: "str | Target | None") -> Target | None:
-    return None if target is None else compile_target(target)
-
-
-def on_tpu(target: "str | Target | None") -> bool:
-    """Whether ``target`` is a TPU (``plan.TARGETS``' ``tpu-*``: XLA:TPU's mechanisms).
-
-    Example:
-        >>> on_tpu("tpu-v5e"), on_tpu("h100-80g"), on_tpu(None)
-        (True, False, False)
-    """
-    return target is not None and compile_target(target).platform == "tpu"
-
-
-def layer_working_set(workload: Workload, *, target: "str | Target | None" = None) -> int:
-    """Bytes in flight while one layer runs its backward pass under full remat.
-
-    Its recomputed residuals, its weight-gradient slice, one cotangent of width F and
-    one of width D, and one attention tile, for one device's batch. (Before the dense
-    projections took their weight gradient from a materialised ``x^T``
-    (``nn._dense.dense_dot_general``), XLA:CPU held two of each: every family's measured
-    peak fell by one ``[n, F + D]`` pair with it, at 3,072 tokens 9.9 MiB of 130 to 870.)
-    Under FSDP nothing is added for the layer's gathered parameters: with it the
-    prediction was one layer's parameters over XLA's peak (small, 8 devices); without
-    it, ``tiny`` and ``small`` over 2-8 devices are within 6% of XLA.
-
-    For a GPU ``target`` the residuals are XLA:GPU's (``layer_graph(target=)``: no score
-    tile under cuDNN, fewer internals held).
-    """
-    config = workload.config
-    graph = layer_graph(workload, target=target)
-    n, e = workload.local_tokens, config.compute_dtype.itemsize
-    cotangents = n * (config.ffn_dim + config.d_model) * e
-    weight_grads = layer_trainable_bytes(config)
-    # XLA:TPU, a quantized base: the layer's weights dequantized to the compute dtype, twice
-    # (the QLoRA ``llama3.1-8b`` step's live peak is 2.5 layers' dequantized weights over
-    # the model without them; see the module)
-    dequantized = 2 * graph.weights if on_tpu(target) and config.quantize_base is not None else 0
-    return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile + dequantized
-
-
-def head_chunks(workload: Workload) -> int:
-    """Chunks along T the step's loss cuts the head into (``train._loss.chunk_count``: 1 while
-    a micro-batch's fp32 logits ``[B, T, V]`` fit ``CHUNK_LOGITS_BYTES``, 64 MiB).
-
-    Example:
-        >>> from jaxckpt import nn, plan
-        >>> cfg = nn.TransformerConfig.preset("llama3.2-1b")
-        >>> head_chunks(plan.Workload(cfg, 4, 2048)), head_chunks(plan.Workload(cfg, 1, 64))
-        (64, 1)
-    """
-    return chunk_count(workload.batch, workload.seq, workload.config.vocab_size)
-
-
-def head_working_set(workload: Workload, *, target: "str | Target | None" = None) -> int:
-    """The output head: the fp32 logits the loss reads and their gradient, ``[B, T, V]``
-    each; in a 16-bit compute dtype also the logits and their gradient in it. A logit soft
-    cap (``config.logits_softcap``) adds the capped logits and their gradient in fp32
-    (measured on XLA:CPU: 14.6 bytes per logit for 16 predicted); in 16 bits XLA fuses
-    the cap into the conversion and it adds nothing (11.6 bytes measured, 12 predicted,
-    with or without it). Over several devices, also the head's weights gathered whole
-    and their full gradient.
-
-    XLA:GPU (a GPU ``target``) fuses the log-softmax into the reductions that read the
-    logits: of the four buffers it keeps the fp32 gradient and one 16-bit buffer, the
-    logits and then (in the same place) their gradient cast to the compute dtype:
-    ``4 + e`` bytes a logit (8 in fp32), 6 in 16 bits (measured on ``gpt2`` at 8,192
-    tokens: ``f32[8,1024,50257]`` and ``bf16[8192,50257]`` at the peak, nothing else of
-    that size). XLA:TPU does the same for a trained head; under LoRA (a frozen head) it
-    held two fp32 buffers, the logits and a flattened copy the loss reads, 8 bytes a logit
-    (QLoRA ``llama3.1-8b`` at B=1, T=8192 before the loss was chunked: ``f32[1,8192,128256]``
-    and ``f32[1050673152]{0:T(1024)}``, 4,008 MiB each).
-
-    The chunked loss (``head_chunks`` > 1, ``train._loss.chunked_loss_sum``) holds those
-    per-logit bytes for one chunk of ``ceil(T / chunks)`` positions, beside what it keeps
-    from every chunk: the gradient towards the hidden states (``[B, T, D]`` in the compute
-    dtype) and, when the head trains, the fp32 sum of its weight gradient and the chunk's
-    own (two ``[V, D]`` fp32; over FSDP each device sums its shard).
-
-    Example:
-        >>> from jaxckpt import nn, plan
-        >>> cfg = nn.TransformerConfig.preset("tiny")
-        >>> w = plan.Workload(cfg, batch=2, seq=64)
-        >>> head_working_set(w) == 2 * 64 * cfg.vocab_size * 8  # fp32: the logits and their gradient
-        True
-        >>> head_working_set(w.replace(config=cfg.replace(logits_softcap=30.0))) == 2 * head_working_set(w)
-        True
-        >>> bf16 = w.replace(config=cfg.replace(dtype="bfloat16"))
-        >>> head_working_set(bf16, target="h100-80g") == 2 * 64 * cfg.vocab_size * 6
-        True
-    """
-    config = workload.config
-    gathered = 2 * config.vocab_size * config.d_model * config.storage_dtype.itemsize
-    e = config.compute_dtype.itemsize
-    if on_tpu(target) and config.lora is not None and config.logits_softcap is None:
-        per_logit = 8  # XLA:TPU, frozen head: two fp32 buffers (see the docstring)
-    elif _target(target) is not None and config.logits_softcap is None:
-        per_logit = 4 + e
-    else:
-        per_logit = 8 + (2 * e if e != 4 else 8 if config.logits_softcap is not None else 0)
-    chunks = head_chunks(workload)
-    if chunks == 1:
-        head = workload.local_tokens * config.vocab_size * per_logit
-    else:
-        size = -(-workload.seq // chunks) // workload.seq_shards  # a chunk's share of T on one device
-        head = workload.local_batch * size * config.vocab_size * per_logit
-        head += workload.local_batch * chunks * size * config.d_model * e  # g_x, every chunk's
-        if config.lora is None:  # the fp32 sum of the head's weight gradient, and the chunk's
-            head += 2 * config.vocab_size * config.d_model * 4 // workload.devices
-    return head + (gathered if workload.devices > 1 else 0)
-
-
-def unwritten_grads(workload: Workload, *, target: "str | Target | None" = None) -> int:
-    """Gradient bytes not yet allocated while the head runs its backward pass.
-
-    XLA:CPU's peak holds every gradient with the head's working set (0 here). XLA:GPU
-    allocates the layer stacks' gradients when the backward scan first writes them, after
-    the head: the head's logits and the layers' gradients share addresses (``gpt2``: the
-    gradient stacks lie inside the freed ``f32[B, T, V]``). Only the head's own weight
-    gradient is live with it (under LoRA no gradient is: the head is frozen).
-
-    Example:
-        >>> from jaxckpt import nn, plan
-        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
-        >>> unwritten_grads(w), 0 < unwritten_grads(w, target="h100-80g") < plan.trainable_bytes(w)
-        (0, True)
-    """
-    if _target(target) is None:
-        return 0
-    config = workload.config
-    head = (
-        0 if config.lora is not None else config.vocab_size * config.d_model * config.storage_dtype.itemsize
-    )
-    return max(0, trainable_bytes(workload, target=target) - head // workload.devices)
-
-
-def head_branch(workload: Workload, *, target: "str | Target | None" = None) -> int:
-    """The head's side of the activation model's ``max``: its working set, less the gradients
-    not yet written while it runs (``predict`` and the solver's budget rows)."""
-    return head_working_set(workload, target=target) - unwritten_grads(workload, target=target)
-
-
-def compiler_extras(workload: Workload, *, target: "str | Target | None" = None) -> int:
-    """What a GPU target's step holds beside the model's branches, whatever is saved: one
-    cuBLAS workspace and FSDP's transposed shards (``transposed_bytes``); 0 on XLA:CPU and
-    XLA:TPU."""
-    if _target(target) is None:
-        return 0
-    if on_tpu(target):  # XLA:TPU lays the shards out split axis major: no copies (see the module)
-        return 0
-    return GEMM_WORKSPACE + transposed_bytes(workload, target=target)
 
 
 def predict(
@@ -412,7 +202,7 @@ def predict(
     """
     require_workload(workload, "predict")
     spec = get_remat(remat)
-    target = _target(target)
+    target = compiled_by(target)
     config = workload.config
     params, opt = state_bytes(workload, target=target)
     graph = layer_graph(workload, target=target)

@@ -20,11 +20,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxckpt.plan._analytic import compiler_extras, head_branch, layer_working_set, live_temp, on_tpu, predict
+from jaxckpt.plan._analytic import predict
+from jaxckpt.plan._compilers import live_temp, on_tpu
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._state import update_workspace
 from jaxckpt.plan._targets import Target
+from jaxckpt.plan._working_set import compiler_extras, head_branch, layer_working_set
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec, Tag
 

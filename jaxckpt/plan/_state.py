@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from jaxckpt.nn import Transformer, TransformerConfig, trainable
+from jaxckpt.plan._compilers import on_tpu
 from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import OPTIMIZERS, Workload
 from jaxckpt.train import OptimizerConfig, state_shardings
@@ -167,10 +168,6 @@ def _state_bytes(
     )
 
 
-def _on_tpu(target: "str | Target | None") -> bool:
-    return target is not None and compile_target(target).platform == "tpu"
-
-
 def _key(workload: Workload) -> tuple:
     return workload.config, workload.optimizer, workload.devices
 
@@ -195,7 +192,7 @@ def state_bytes(workload: Workload, *, target: "str | Target | None" = None) -> 
         >>> plan.state_bytes(lora)[1] < adamw / 10  # the adapters' moments alone
         True
     """
-    model, _, opt, _ = _state_bytes(*_key(workload), _on_tpu(target))
+    model, _, opt, _ = _state_bytes(*_key(workload), on_tpu(target))
     return model, opt
 
 
@@ -226,7 +223,7 @@ def trainable_bytes(workload: Workload, *, target: "str | Target | None" = None)
         >>> trainable_bytes(w) < plan.state_bytes(w)[0] / 10
         True
     """
-    return _state_bytes(*_key(workload), _on_tpu(target))[1]
+    return _state_bytes(*_key(workload), on_tpu(target))[1]
 
 
 @functools.lru_cache(maxsize=64)

@@ -9,9 +9,9 @@ pairwise distinct, so a transposed axis or a wrong head count shows.
 import pytest
 
 from jaxckpt import nn, plan
-from jaxckpt.plan._analytic import head_working_set, unwritten_grads
 from jaxckpt.plan._layer_costs import attention_implementation
 from jaxckpt.plan._state import transposed_bytes
+from jaxckpt.plan._working_set import head_working_set, unwritten_grads
 
 TARGET = "h100-80g"
 BF16 = {"dtype": "bfloat16", "param_dtype": "bfloat16"}

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from jaxckpt import nn, plan, remat, train
-from jaxckpt.plan._analytic import head_working_set
+from jaxckpt.plan._working_set import head_working_set
 from jaxckpt.remat import Tag
 from jaxckpt.remat._residuals import saved_residuals
 

@@ -11,17 +11,10 @@ import functools
 import pytest
 
 from jaxckpt import nn, plan
-from jaxckpt.plan._analytic import (
-    compiler_extras,
-    hbm_temp,
-    head_chunks,
-    head_working_set,
-    layer_working_set,
-    live_temp,
-    on_tpu,
-)
+from jaxckpt.plan._compilers import hbm_temp, live_temp, on_tpu
 from jaxckpt.plan._layer_costs import attention_implementation, lane_padded
 from jaxckpt.plan._state import tpu_padded_bytes, transposed_bytes
+from jaxckpt.plan._working_set import compiler_extras, head_chunks, head_working_set, layer_working_set
 
 pytestmark = pytest.mark.tpu_compile
 

@@ -190,7 +190,7 @@ def test_xla_tpu_keeps_the_boundaries_in_host_memory():
     (``3 x 768 x 64`` bf16: 294,912 bytes for 254,208 of values), and the HBM temp does not
     grow with depth (5,409,792 bytes at both). What differs from XLA:GPU: at this size
     ``full``'s temp does not grow either (4,760,064 at both depths): its stacked boundaries
-    sit in the 112 MiB VMEM scratch (``plan._analytic.VMEM_SCRATCH``), so the HBM saving only
+    sit in the 112 MiB VMEM scratch (``plan._compilers.VMEM_SCRATCH``), so the HBM saving only
     shows once they exceed it.
     """
     off = {n: _compiled("tpu-v5e", n, "offload_full") for n in DEPTHS}
