@@ -15,6 +15,7 @@ from jaxckpt.attention._block_sizes import BlockSizes
 from jaxckpt.attention._collectives import COLLECTIVES, CollectiveBytes, collective_bytes
 from jaxckpt.attention._context_parallel import (
     CONTEXT_PARALLEL_STRATEGIES,
+    check_strategy,
     context_parallel_attention,
     from_zigzag,
     to_zigzag,
@@ -55,6 +56,7 @@ __all__ = [
     "attention_reference",
     "autotune_pallas_blocks",
     "available_implementations",
+    "check_strategy",
     "collective_bytes",
     "compiling_for",
     "context_parallel_attention",

@@ -168,6 +168,22 @@ CONTEXT_PARALLEL_STRATEGIES: dict[str, Callable] = {"all_gather": _all_gather, "
 """The context-parallel strategies by name (``context_parallel_attention(strategy=...)``)."""
 
 
+def check_strategy(strategy: str, name: str = "strategy") -> None:
+    """Raises a ValueError naming ``name`` unless ``strategy`` is one of
+    ``CONTEXT_PARALLEL_STRATEGIES``: the one check of every place that takes a strategy (the
+    kernel, the train step, the run and the planner's workload).
+
+    Example:
+        >>> check_strategy("ring")
+        >>> check_strategy("zigzag", "context_parallel")
+        Traceback (most recent call last):
+        ...
+        ValueError: context_parallel must be one of all_gather, ring; got 'zigzag'
+    """
+    if strategy not in CONTEXT_PARALLEL_STRATEGIES:
+        raise ValueError(f"{name} must be one of {', '.join(CONTEXT_PARALLEL_STRATEGIES)}; got {strategy!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Config:
     """The static part of a call: the mask and scalars, the axis, its size, the blocks."""
@@ -282,8 +298,7 @@ def context_parallel_attention(
         >>> bool(jnp.allclose(out, attention_reference(q, k, v, is_causal=True), atol=1e-5))
         True
     """
-    if strategy not in CONTEXT_PARALLEL_STRATEGIES:
-        raise ValueError(f"strategy must be one of {sorted(CONTEXT_PARALLEL_STRATEGIES)}; got {strategy=}.")
+    check_strategy(strategy)
     size = _axis_size(axis_name)
     p = normalize(
         query,

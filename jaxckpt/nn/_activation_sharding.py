@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
+from jaxckpt.attention import check_strategy
 
 _ACTIVE: contextvars.ContextVar["tuple[Mesh, dict] | None"] = contextvars.ContextVar(
     "jaxckpt_activation_sharding", default=None
@@ -58,10 +58,7 @@ def activation_sharding(
         >>> y.shape
         (2, 3)
     """
-    if context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
-        raise ValueError(
-            f"context_parallel must be one of {sorted(CONTEXT_PARALLEL_STRATEGIES)}; got {context_parallel!r}"
-        )
+    check_strategy(context_parallel, "context_parallel")
     token, strategy = _ACTIVE.set((mesh, dict(rules))), _STRATEGY.set(context_parallel)
     try:
         yield

@@ -19,7 +19,7 @@ import jax
 
 from jaxckpt import train
 from jaxckpt._checks import known_fields, require_positive_int
-from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
+from jaxckpt.attention import check_strategy
 from jaxckpt.nn import TransformerConfig
 from jaxckpt.train import OptimizerConfig, has_master_weights, parse_mesh
 
@@ -145,9 +145,7 @@ class Workload:
                 f"Workload: seq={self.seq} must be a multiple of 2 x seq_shards={self.seq_shards}: each "
                 "device of the seq axis holds two chunks of every row (the load-balanced order)"
             )
-        if self.context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
-            known = ", ".join(CONTEXT_PARALLEL_STRATEGIES)
-            raise ValueError(f"Workload: context_parallel={self.context_parallel!r} must be one of {known}")
+        check_strategy(self.context_parallel, "Workload: context_parallel")
 
     @classmethod
     def from_run(cls, model_config: TransformerConfig, run: train.RunConfig) -> "Workload":

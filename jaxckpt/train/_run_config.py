@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from jaxckpt._checks import known_fields, require_positive_int
 from jaxckpt._sizes import parse_size
-from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
+from jaxckpt.attention import check_strategy
 from jaxckpt.data import DEFAULT_SHUFFLE_BUFFER, check_fraction
 from jaxckpt.remat import AUTO, RematSpec, Tag
 from jaxckpt.remat import get as get_remat
@@ -257,9 +257,7 @@ class RunConfig:
                     f"RunConfig: {name} must be a {cls.__name__} or its dict, got {type(value).__name__}"
                 )
         check_on_nonfinite(self.on_nonfinite)
-        if self.context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
-            known = ", ".join(CONTEXT_PARALLEL_STRATEGIES)
-            raise ValueError(f"context_parallel={self.context_parallel!r} must be one of {known}")
+        check_strategy(self.context_parallel, "context_parallel")
         if self.mlp_chunk is not None:
             require_positive_int("mlp_chunk", self.mlp_chunk)
         if self.budget is not None:

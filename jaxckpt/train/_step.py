@@ -9,7 +9,7 @@ import numpy as np
 from flax import nnx
 
 from jaxckpt._sizes import format_bytes, host_memory
-from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES, to_zigzag
+from jaxckpt.attention import check_strategy, to_zigzag
 from jaxckpt.data import PackedBatch
 from jaxckpt.nn import activation_sharding, trainable
 from jaxckpt.remat import RematSpec
@@ -305,9 +305,7 @@ class Trainer:
         seed: int = 0,
         context_parallel: str = "all_gather",
     ):
-        if context_parallel not in CONTEXT_PARALLEL_STRATEGIES:
-            choices = sorted(CONTEXT_PARALLEL_STRATEGIES)
-            raise ValueError(f"context_parallel must be one of {choices}; got {context_parallel!r}")
+        check_strategy(context_parallel, "context_parallel")
         self.config = model.config
         self.spec = get_remat(remat)
         self.optimizer = optimizer or OptimizerConfig()

@@ -39,7 +39,7 @@ def test_the_mesh_and_the_shares_of_a_seq_split():
             "batch=3 must be a multiple of devices=8 / seq_shards=4",
         ),
         ({"devices": 4, "seq_shards": 4, "seq": 4100}, "seq=4100 must be a multiple of 2 x seq_shards=4"),
-        ({"context_parallel": "zigzag"}, "context_parallel='zigzag' must be one of all_gather, ring"),
+        ({"context_parallel": "zigzag"}, "context_parallel must be one of all_gather, ring; got 'zigzag'"),
     ],
 )
 def test_a_split_the_step_cannot_run_is_refused_by_name(fields, message):
