@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from jaxckpt._tags import Tag
+from jaxckpt.remat._compress import compressed_bytes
 from jaxckpt.remat._presets import get
 from jaxckpt.remat._residuals import SavedResidual, saved_residuals
 from jaxckpt.remat._spec import RematSpec
@@ -32,8 +33,11 @@ class Residual:
         tag: the ``Tag`` it carries, or None for an untagged intermediate.
         what: JAX's description (the primitive and the function that made it).
         shape, dtype: its abstract value.
-        nbytes: bytes of one copy. count: how many segments save it.
+        nbytes: bytes of one copy at its dtype. count: how many segments save it.
         where: ``"device"``, or ``"host"`` for an offloaded tag.
+        fmt: ``"int8"`` or ``"fp8"`` for a tag the spec compresses, else None.
+        stored_nbytes: bytes of one stored copy: ``nbytes``, or the compressed values and
+            their scales (``remat.compressed_bytes``).
 
     Example:
         >>> from flax import nnx
@@ -51,10 +55,21 @@ class Residual:
     nbytes: int
     count: int
     where: str
+    fmt: str | None = None
+    stored_nbytes: int | None = None
+
+    def __post_init__(self):
+        if self.stored_nbytes is None:
+            object.__setattr__(self, "stored_nbytes", self.nbytes)
 
     @property
     def total_bytes(self) -> int:
-        """``nbytes * count``."""
+        """Bytes stored by all segments: ``stored_nbytes * count``."""
+        return self.stored_nbytes * self.count
+
+    @property
+    def uncompressed_bytes(self) -> int:
+        """``nbytes * count``: what ``total_bytes`` would be at the residual's dtype."""
         return self.nbytes * self.count
 
 
@@ -86,20 +101,33 @@ class RematReport:
         return frozenset(r.tag for r in self.residuals if r.tag is not None)
 
     def total_bytes(self, where: str = "device") -> int:
-        """Bytes of all residuals kept on ``where`` (``"device"`` or ``"host"``)."""
+        """Bytes of all residuals kept on ``where`` (``"device"`` or ``"host"``), as stored
+        (compressed where the spec compresses)."""
         return sum(r.total_bytes for r in self.residuals if r.where == where)
 
+    def uncompressed_bytes(self, where: str = "device") -> int:
+        """``total_bytes`` as if nothing were compressed."""
+        return sum(r.uncompressed_bytes for r in self.residuals if r.where == where)
+
     def __str__(self) -> str:
-        lines = [f"{'tag':<12} {'shape':<22} {'dtype':<9} {'count':>5} {'MiB':>10}  where   what"]
+        compressed = any(r.fmt for r in self.residuals)
+        col = f" {'stored MiB':>16}" if compressed else ""
+        lines = [f"{'tag':<12} {'shape':<22} {'dtype':<9} {'count':>5} {'MiB':>10}{col}  where   what"]
         for r in self.residuals:
             tag = str(r.tag) if r.tag else "-"
-            mib = r.total_bytes / 2**20
-            lines.append(
-                f"{tag:<12} {r.shape!s:<22} {r.dtype:<9} {r.count:>5} {mib:>10.3f}  {r.where:<7} {r.what}"
-            )
-        lines.append(f"total on device: {self.total_bytes('device') / 2**20:.3f} MiB")
-        if self.total_bytes("host"):
-            lines.append(f"total on host:   {self.total_bytes('host') / 2**20:.3f} MiB")
+            mib = r.uncompressed_bytes / 2**20
+            if compressed:
+                col = f" {r.fmt or '':>5} {r.total_bytes / 2**20:>10.3f}"
+            head = f"{tag:<12} {r.shape!s:<22} {r.dtype:<9} {r.count:>5} {mib:>10.3f}{col}"
+            lines.append(f"{head}  {r.where:<7} {r.what}")
+        for where, label in (("device", "total on device:"), ("host", "total on host:  ")):
+            total = self.total_bytes(where)
+            if where == "host" and not total:
+                continue
+            line = f"{label} {total / 2**20:.3f} MiB"
+            if total != self.uncompressed_bytes(where):
+                line += f" ({self.uncompressed_bytes(where) / 2**20:.3f} MiB uncompressed)"
+            lines.append(line)
         return "\n".join(lines)
 
 
@@ -117,7 +145,9 @@ def _residual(saved: SavedResidual, spec: RematSpec, count: int) -> Residual | N
         where = _WHERE.search(src)
         what = src.split(" from ")[0] + (f" ({where.group(1)})" if where else "")
     place = "host" if tag in spec.offload else "device"
-    return Residual(tag, what, saved.shape, str(saved.dtype), saved.nbytes, count, place)
+    fmt = spec.compress.get(tag)
+    stored = None if fmt is None else compressed_bytes(saved.shape, saved.dtype, fmt, spec.compress_group)
+    return Residual(tag, what, saved.shape, str(saved.dtype), saved.nbytes, count, place, fmt, stored)
 
 
 def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpec") -> RematReport:
@@ -128,6 +158,9 @@ def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpe
     constants (the RoPE frequencies) are left out and ``count`` says how many segments
     keep each residual. Activations outside the block stack (embedding, logits) do not
     depend on the spec and are not listed.
+
+    A tag the spec compresses shows its format and its stored bytes (the one-byte values
+    and their float32 scales) beside its bytes at its dtype; the totals are the stored bytes.
 
     Args:
         model: a ``jaxckpt.nn.Transformer`` (anything with ``remat_segments``).
@@ -143,11 +176,16 @@ def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpe
         >>> model = nn.Transformer(nn.TransformerConfig.preset("tiny", n_layers=2), rngs=nnx.Rngs(0))
         >>> sorted(map(str, remat.describe(model, (2, 16), "save_attn").tags))
         ['attn_lse', 'attn_out', 'layer_input']
+        >>> small = remat.describe(model, (2, 16), remat.compressed("full", "int8"))
+        >>> [(str(r.tag), r.fmt, r.nbytes, r.stored_nbytes) for r in small.residuals]  # 1 byte + scales
+        [('layer_input', 'int8', 16384, 4224)]
     """
     spec = get(spec)
     # Offloading moves a residual but does not change which ones exist; analysing the
     # offloaded tags as saved keeps their names (an offloaded value shows as a device_put).
-    analysed = dataclasses.replace(spec, save=spec.save | spec.offload, offload=frozenset())
+    # Compression changes the bytes of a residual, not which ones exist: the rows are
+    # those of the uncompressed spec, each compressed tag with its stored bytes.
+    analysed = dataclasses.replace(spec, save=spec.save | spec.offload, offload=frozenset(), compress={})
     shape = tuple(getattr(batch, "shape", batch))
     if len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape):
         raise ValueError(f"describe: batch must be (B, T) or a [B, T] token array, got {batch!r}")

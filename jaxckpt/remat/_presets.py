@@ -1,9 +1,11 @@
 """Named remat specs (``PRESETS``) and ``get``, which turns a name into a spec."""
 
+import dataclasses
+from collections.abc import Iterable
 from types import MappingProxyType
 
 from jaxckpt._tags import ATTENTION_RESIDUALS, PROJECTIONS, QKV, Tag
-from jaxckpt.remat._spec import RematSpec
+from jaxckpt.remat._spec import UNCOMPRESSIBLE, RematSpec
 
 _MINIMAL = PROJECTIONS | ATTENTION_RESIDUALS
 _BOUNDARY = frozenset({Tag.LAYER_INPUT})
@@ -65,3 +67,46 @@ def get(spec: "str | RematSpec") -> RematSpec:
             raise ValueError(f"unknown remat preset {spec!r}; valid presets: {', '.join(PRESETS)}, or 'auto'")
         return PRESETS[spec]
     raise TypeError(f"remat must be a preset name or a RematSpec, got {type(spec).__name__}: {spec!r}")
+
+
+def compressed(spec: "str | RematSpec", fmt: str, tags: "Iterable[Tag | str] | None" = None) -> RematSpec:
+    """``spec`` with the tags it keeps stored in ``fmt`` (what ``--compress`` asks for).
+
+    Args:
+        spec: a preset name or a ``RematSpec``.
+        fmt: ``"int8"`` or ``"fp8"``.
+        tags: the tags to compress, each one ``spec`` keeps; None: every kept tag that can
+            be compressed: not ``Tag.ATTN_LSE``, and with ``layers_per_checkpoint > 1`` only
+            the segments' input (``Tag.LAYER_INPUT``), since the others are kept inside a
+            segment. Tags ``spec`` compresses already keep their format unless named here.
+
+    Returns:
+        The spec with ``compress`` set.
+
+    Raises:
+        ValueError: for a disabled spec, an unknown format, or a tag in ``tags`` that
+            ``spec`` does not keep or that cannot be compressed (the message names it).
+
+    Example:
+        >>> from jaxckpt import remat
+        >>> remat.compressed("save_attn", "int8").compress  # the lse stays exact
+        {'attn_out': 'int8', 'layer_input': 'int8'}
+        >>> remat.compressed("minimal", "fp8", tags=["mlp_up"]).compress
+        {'mlp_up': 'fp8'}
+    """
+    spec = get(spec)
+    if not spec.enabled:
+        raise ValueError(
+            "remat.compressed: a disabled spec (the 'none' preset) keeps everything at full "
+            "precision and compresses nothing; pick an enabled preset such as 'full'"
+        )
+    if tags is None:
+        tags = spec.kept_tags - UNCOMPRESSIBLE.keys()
+        if spec.save_dots:
+            tags -= {Tag.LINEAR_OUT} - spec.save - spec.offload
+        if spec.layers_per_checkpoint > 1:
+            tags = {Tag.LAYER_INPUT}
+    elif isinstance(tags, str):
+        raise TypeError(f"remat.compressed: tags takes a collection of tags, got the string {tags!r}")
+    new = {Tag(str(t)) if str(t) in Tag._value2member_map_ else t: fmt for t in tags}
+    return dataclasses.replace(spec, compress={**spec.compress, **new})

@@ -1,11 +1,12 @@
 """``RematSpec``: which tagged activations are saved, offloaded or recomputed."""
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import jax
 
 from jaxckpt._tags import Tag
+from jaxckpt.remat._compress import DEFAULT_GROUP, FORMATS
 
 Policy = Callable[..., object]
 
@@ -23,6 +24,95 @@ def _tags(value: Iterable[str], field: str) -> frozenset[Tag]:
     if unknown:
         raise ValueError(f"RematSpec.{field}: unknown tag(s) {unknown}; valid tags: {sorted(valid)}")
     return frozenset(Tag(str(v)) for v in value)
+
+
+UNCOMPRESSIBLE = {Tag.ATTN_LSE: "the attention's float32 log-sum-exp, which the flash backward needs exact"}
+"""Tags that are never compressed, and why."""
+
+
+class TagFormats(Mapping):
+    """An immutable, hashable ``Tag -> format`` mapping (``RematSpec.compress``).
+
+    Example:
+        >>> from jaxckpt.remat import RematSpec, Tag
+        >>> formats = RematSpec(compress={"layer_input": "int8"}).compress
+        >>> formats == {Tag.LAYER_INPUT: "int8"}, hash(formats) == hash(TagFormats(formats))
+        (True, True)
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: "Mapping | Iterable[tuple[Tag, str]]" = ()):
+        items = items.items() if isinstance(items, Mapping) else items
+        self._items = tuple(sorted(items))
+
+    def __getitem__(self, tag) -> str:
+        for key, fmt in self._items:
+            if key == tag:
+                return fmt
+        raise KeyError(tag)
+
+    def __iter__(self) -> Iterator[Tag]:
+        return (key for key, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self._items) == dict(other.items())
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{str(k)!r}: {v!r}" for k, v in self._items) + "}"
+
+
+NO_COMPRESSION = TagFormats()
+"""The empty ``RematSpec.compress``."""
+
+
+def _formats(spec: "RematSpec") -> TagFormats:
+    """``spec.compress`` checked against the spec and normalised (see ``RematSpec``)."""
+    given = spec.compress
+    if not isinstance(given, Mapping):
+        raise TypeError(
+            f"RematSpec.compress takes a mapping tag -> format, got {type(given).__name__}: {given!r}; "
+            "for example {Tag.LAYER_INPUT: 'int8'}"
+        )
+    tags = _tags(list(given), "compress")
+    formats = TagFormats((Tag(str(tag)), fmt) for tag, fmt in given.items())
+    for tag, fmt in formats.items():
+        _check_compressed(spec, tag, fmt)
+    if len(formats) != len(tags):
+        raise ValueError(f"RematSpec.compress: a tag is given twice in {given!r}")
+    return formats
+
+
+def _check_compressed(spec: "RematSpec", tag: Tag, fmt: str) -> None:
+    where = f"RematSpec.compress: tag {str(tag)!r}"
+    if fmt not in FORMATS:
+        raise ValueError(f"{where}: unknown format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+    if tag in UNCOMPRESSIBLE:
+        raise ValueError(f"{where} cannot be compressed: it is {UNCOMPRESSIBLE[tag]}")
+    if not spec.enabled:
+        raise ValueError(
+            f"{where}: a disabled spec (the 'none' preset) keeps everything at full precision "
+            "and compresses nothing; enable remat"
+        )
+    if tag == Tag.LINEAR_OUT and spec.save_dots and tag not in spec.save | spec.offload:
+        raise ValueError(
+            f"{where}: under save_dots jax's dots policy keeps the matmul outputs, not the name; "
+            "compress them by name instead: save={Tag.LINEAR_OUT}, save_dots=False"
+        )
+    if tag not in spec.kept_tags:
+        raise ValueError(f"{where} is recomputed, not kept; add it to save or offload")
+    if spec.layers_per_checkpoint > 1 and tag != Tag.LAYER_INPUT:
+        raise ValueError(
+            f"{where} is kept inside a remat segment of layers_per_checkpoint="
+            f"{spec.layers_per_checkpoint} layers, where it cannot be compressed; only the "
+            "segment's input (layer_input) can be"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +137,21 @@ class RematSpec:
             projections' included (``Tag.LINEAR_OUT``).
         enabled: ``False`` means no ``jax.checkpoint`` at all: autodiff keeps whatever
             it needs (the ``none`` preset).
+        compress: tag -> ``"int8"`` or ``"fp8"``: the kept tags stored compressed
+            (``jaxckpt.remat.quantize``, one float32 scale per ``compress_group``
+            features). The forward pass is exact; the backward pass reads the dequantized
+            values. A compressed tag must be kept (in ``save``, in ``offload``, or
+            ``Tag.LAYER_INPUT``, every enabled spec's boundary); ``Tag.ATTN_LSE`` is never
+            compressed. Given as a dict (tags or tag strings), stored as a ``TagFormats``.
+        compress_group: features per scale of the compressed tags.
 
     Example:
         >>> from jaxckpt.remat import RematSpec, Tag
         >>> spec = RematSpec(save={Tag.ATTN_OUT, Tag.ATTN_LSE})
         >>> spec.policy() is not None
         True
+        >>> RematSpec(save={Tag.ATTN_OUT}, compress={"attn_out": "fp8", Tag.LAYER_INPUT: "int8"}).compress
+        {'attn_out': 'fp8', 'layer_input': 'int8'}
     """
 
     save: frozenset[Tag] = frozenset()
@@ -60,6 +159,8 @@ class RematSpec:
     layers_per_checkpoint: int = 1
     save_dots: bool = False
     enabled: bool = True
+    compress: "Mapping[Tag, str]" = NO_COMPRESSION
+    compress_group: int = DEFAULT_GROUP
 
     def __post_init__(self):
         object.__setattr__(self, "save", _tags(self.save, "save"))
@@ -70,6 +171,23 @@ class RematSpec:
         k = self.layers_per_checkpoint
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"RematSpec.layers_per_checkpoint must be an int >= 1, got {k!r}")
+        g = self.compress_group
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise ValueError(f"RematSpec.compress_group must be an int >= 1, got {g!r}")
+        object.__setattr__(self, "compress", _formats(self))
+
+    @property
+    def kept_tags(self) -> frozenset[Tag]:
+        """Every tag the backward pass finds stored: ``saved_tags``, ``offload``, and
+        ``Tag.LAYER_INPUT`` (the remat boundary) when the spec is enabled.
+
+        Example:
+            >>> sorted(map(str, RematSpec(save={Tag.ATTN_OUT}).kept_tags))
+            ['attn_out', 'layer_input']
+        """
+        if not self.enabled:
+            return frozenset()
+        return self.saved_tags | self.offload | {Tag.LAYER_INPUT}
 
     @property
     def offloads_boundary(self) -> bool:
