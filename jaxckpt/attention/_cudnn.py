@@ -21,9 +21,8 @@ row, not the contract's 0.
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
-from jaxckpt._tags import Tag
+from jaxckpt._tags import Tag, record, tag
 from jaxckpt.attention._jax_nn import jax_nn_call, seen_rows, zero_unseen
 from jaxckpt.attention._platform import platform
 from jaxckpt.attention._validate import AttentionInputs, MaskArrays, Static
@@ -67,8 +66,9 @@ def _tagged_pullback(call, static: Static, q, k, v, bias, arrays: MaskArrays):
     leaves, treedef = jax.tree.flatten(pullback)
     b, t, n, _ = q.shape
     i_out, i_lse = _named_positions(leaves, out, (b, n, t), primals)
-    leaves[i_out] = checkpoint_name(out, Tag.ATTN_OUT)
-    leaves[i_lse] = checkpoint_name(leaves[i_lse], Tag.ATTN_LSE)
+    # recorded outside the custom_vjp (named_residual_attention): the primal rule runs in a trace of its own
+    leaves[i_out] = tag(out, Tag.ATTN_OUT, record=False)
+    leaves[i_lse] = tag(leaves[i_lse], Tag.ATTN_LSE, record=False)
     return leaves[i_out], leaves[i_lse], jax.tree.unflatten(treedef, leaves)
 
 
@@ -101,6 +101,7 @@ def named_residual_attention(call, p: AttentionInputs) -> tuple[jax.Array, jax.A
         ``(out [B, T, N, H], lse [B, N, T] fp32)``; the lse is not differentiated.
     """
     out, lse = _named(call, p.static, p.query, p.key, p.value, p.bias, p.arrays)
+    out, lse = record(out, Tag.ATTN_OUT), record(lse, Tag.ATTN_LSE)
     return zero_unseen(out, jax.lax.stop_gradient(lse), seen_rows(p), p.query.dtype)
 
 

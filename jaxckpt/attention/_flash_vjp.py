@@ -6,7 +6,8 @@ lse [B, N, T] fp32)`` and ``backward(cfg, res, d_out) -> (dq, dk, dv, dbias | No
 the inputs (q, k, v, bias, the small mask arrays, the dropout seed), the output and the
 fp32 log-sum-exp: O(T), never T x S. The output and the lse are tagged ``Tag.ATTN_OUT``
 / ``Tag.ATTN_LSE`` inside the forward rule, so a remat policy that saves those two names
-keeps the attention forward out of the recomputation.
+keeps the attention forward out of the recomputation (and the compressed remat, which
+records them as they come out of the call, gives its stored values to that rule).
 
 The VJP is defined twice over the same rules: with symbolic zeros, so that a bias that
 is not differentiated costs no gradient, and without, for ``jax.shard_map``, which
@@ -19,10 +20,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 from jax.custom_derivatives import SymbolicZero
 
-from jaxckpt._tags import Tag
+from jaxckpt._tags import Tag, record, tag
 from jaxckpt.attention._validate import MaskArrays
 from jaxckpt.attention._vma import varying_axes
 
@@ -60,7 +60,8 @@ def flash_vjp(forward: Callable, backward: Callable) -> Callable:
 
     def tagged(cfg, q, k, v, bias, arrays, seed):
         out, lse = forward(cfg, q, k, v, bias, arrays, seed)
-        return checkpoint_name(out, Tag.ATTN_OUT), checkpoint_name(lse, Tag.ATTN_LSE)
+        # recorded outside the custom_vjp, in ``call``: the primal rule runs in a trace of its own
+        return tag(out, Tag.ATTN_OUT, record=False), tag(lse, Tag.ATTN_LSE, record=False)
 
     def fwd(cfg, q, k, v, bias, arrays, seed, *, need_dbias: bool):
         out, lse = tagged(cfg, q, k, v, bias, arrays, seed)
@@ -90,6 +91,6 @@ def flash_vjp(forward: Callable, backward: Callable) -> Callable:
     def call(cfg, q, k, v, bias, arrays, seed):
         args = (q, k, v, bias, arrays, seed)
         out, lse = (plain if _in_shard_map(args) else symbolic)(cfg, *args)
-        return out, jax.lax.stop_gradient(lse)
+        return record(out, Tag.ATTN_OUT), jax.lax.stop_gradient(record(lse, Tag.ATTN_LSE))
 
     return call

@@ -5,9 +5,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from jaxckpt._tags import tag
 from jaxckpt.attention import (
     MANUAL_PARTITIONING,
     context_parallel_attention,
@@ -192,9 +192,9 @@ class Attention(nnx.Module):
             project(layer, x, dropout_key, salt)
             for salt, layer in enumerate((self.q_proj, self.k_proj, self.v_proj))
         )
-        q = checkpoint_name(constrain(q.reshape(b, t, n, h), *heads), Tag.Q_PROJ)
-        key = checkpoint_name(constrain(key.reshape(b, t, k, h), *heads), Tag.K_PROJ)
-        value = checkpoint_name(constrain(value.reshape(b, t, k, h), *heads), Tag.V_PROJ)
+        q = tag(constrain(q.reshape(b, t, n, h), *heads), Tag.Q_PROJ)
+        key = tag(constrain(key.reshape(b, t, k, h), *heads), Tag.K_PROJ)
+        value = tag(constrain(value.reshape(b, t, k, h), *heads), Tag.V_PROJ)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
         return q, key, value
@@ -244,7 +244,7 @@ class Attention(nnx.Module):
             cache = cache.write(key, value)
             mask = cache.mask(t, windows, index, causal=self.config.causal)
             out = self._attend(q, cache.key, cache.value, None, mask=mask)
-            return checkpoint_name(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ), cache
+            return tag(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ), cache
         distinct = list(dict.fromkeys(windows))
         if len(distinct) == 1:
             out = self._attend(q, key, value, distinct[0], segment_ids, positions=positions)
@@ -255,7 +255,7 @@ class Attention(nnx.Module):
                 for w in distinct
             ]
             out = jax.lax.switch(which, branches, q, key, value)
-        return checkpoint_name(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ)
+        return tag(self._out(out.reshape(b, t, n * h), dropout_key), Tag.OUT_PROJ)
 
     def _out(self, out: jax.Array, dropout_key) -> jax.Array:
         return project(self.out_proj, out, dropout_key, 3)

@@ -2,8 +2,8 @@
 
 import jax
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt._tags import tag
 from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._attention import FULL, Attention
 from jaxckpt.nn._choices import LayerKind
@@ -63,9 +63,9 @@ class Block(nnx.Module):
         attn_key, mlp_key = (None, None) if dropout_key is None else jax.random.split(dropout_key)
         x = constrain(x, *ACTIVATION)
         if tag_input:
-            x = checkpoint_name(x, Tag.LAYER_INPUT)
+            x = tag(x, Tag.LAYER_INPUT)
         h = self.attn(
-            checkpoint_name(self.attn_norm(x), Tag.NORM_OUT),
+            tag(self.attn_norm(x), Tag.NORM_OUT),
             kind,
             index,
             positions=positions,
@@ -78,7 +78,7 @@ class Block(nnx.Module):
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = constrain(x + h, *ACTIVATION)
-        h = self.mlp(checkpoint_name(self.mlp_norm(x), Tag.NORM_OUT), dropout_key=mlp_key)
+        h = self.mlp(tag(self.mlp_norm(x), Tag.NORM_OUT), dropout_key=mlp_key)
         if self.mlp_post_norm is not None:
             h = self.mlp_post_norm(h)
         x = constrain(x + h, *ACTIVATION)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxckpt._tags import Tag
+from jaxckpt._tags import Tag, tag
 
 
 @jax.custom_vjp
@@ -72,4 +72,4 @@ def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_ele
     if not plain:
         kwargs.update(precision=precision, preferred_element_type=preferred_element_type)
         return lax.dot_general(lhs, rhs, dimension_numbers, **kwargs)
-    return jax.ad_checkpoint.checkpoint_name(_project(lhs, rhs), Tag.LINEAR_OUT)
+    return tag(_project(lhs, rhs), Tag.LINEAR_OUT)

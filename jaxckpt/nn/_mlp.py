@@ -18,8 +18,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt._tags import tag
 from jaxckpt.nn._activation_sharding import constrain
 from jaxckpt.nn._choices import GATED, Activation
 from jaxckpt.nn._config import TransformerConfig
@@ -125,13 +125,11 @@ class MLP(nnx.Module):
     def _tokens(self, x: jax.Array, dropout_key: "jax.Array | None") -> jax.Array:
         """The MLP over the tokens of ``x [B, T, D]``, every tensor tagged."""
         hidden_axes = ("batch", "seq", "mlp")
-        up = checkpoint_name(constrain(project(self.up, x, dropout_key, 0), *hidden_axes), Tag.MLP_UP)
+        up = tag(constrain(project(self.up, x, dropout_key, 0), *hidden_axes), Tag.MLP_UP)
         if self.gated:
-            gate = checkpoint_name(
-                constrain(project(self.gate, x, dropout_key, 1), *hidden_axes), Tag.MLP_GATE
-            )
+            gate = tag(constrain(project(self.gate, x, dropout_key, 1), *hidden_axes), Tag.MLP_GATE)
             hidden = ACTIVATIONS[self.activation](gate) * up
         else:
             hidden = ACTIVATIONS[self.activation](up)
-        hidden = checkpoint_name(hidden, Tag.MLP_ACT)
-        return checkpoint_name(project(self.down, hidden, dropout_key, 2), Tag.MLP_DOWN)
+        hidden = tag(hidden, Tag.MLP_ACT)
+        return tag(project(self.down, hidden, dropout_key, 2), Tag.MLP_DOWN)

@@ -43,7 +43,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jaxckpt._tags import Tag
+from jaxckpt._tags import Tag, tag
 from jaxckpt.nn._lora import LoraConfig, adapter, add_adapter
 
 BLOCK = 64
@@ -231,7 +231,7 @@ def quantized_matmul(x: jax.Array, codes: jax.Array, scales: jax.Array, kind: st
         >>> jax.grad(lambda x: quantized_matmul(x, codes, scales, "int8", 3).sum())(x)[0].tolist()  # w.sum(1)
         [-126.0, 127.0, 124.0]
     """
-    return jax.ad_checkpoint.checkpoint_name(_matmul(x, codes, scales, kind, d_in), Tag.LINEAR_OUT)
+    return tag(_matmul(x, codes, scales, kind, d_in), Tag.LINEAR_OUT)
 
 
 CODES, SCALES = "kernel_codes", "kernel_scales"

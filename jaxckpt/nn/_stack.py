@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
+from jaxckpt._tags import tag
 from jaxckpt.nn._attention import FULL
 from jaxckpt.nn._block import Block
 from jaxckpt.nn._choices import LayerKind
+from jaxckpt.nn._compressed_remat import compressed_remat
 from jaxckpt.nn._kv_cache import KVCache, LayerCache
 from jaxckpt.remat import RematSpec, Tag
 
@@ -71,7 +72,7 @@ def _tag_input(segment: Segment) -> Segment:
     ``Expected instruction to have shape equal to ...``, with a layer input tagged in it)."""
 
     def segment_input(x, blocks, per_layer, context):
-        return segment(checkpoint_name(x, Tag.LAYER_INPUT), blocks, per_layer, context)
+        return segment(tag(x, Tag.LAYER_INPUT), blocks, per_layer, context)
 
     return segment_input
 
@@ -95,15 +96,21 @@ def remat_segment(spec: RematSpec, kinds: tuple[LayerKind, ...], k: int) -> Segm
     For ``k == 1`` ``blocks`` is a single block; otherwise its parameters are stacked
     on a leading axis of size k and scanned, each layer its own ``nnx.remat`` nested in
     the segment's, and ``Tag.LAYER_INPUT`` tags the segment's input, not each layer's
-    (``_tag_input``). A disabled spec gives the plain (un-remat'd) layer or scan.
+    (``_tag_input``). A disabled spec gives the plain (un-remat'd) layer or scan. A spec
+    that compresses tags makes the layer (or the segment, keeping its input alone) a
+    ``compressed_remat`` instead of an ``nnx.remat``.
     ``kinds`` are the stack's distinct kinds, which the indices pick from.
     """
     if not spec.enabled:
         return _layer(kinds) if k == 1 else _scan(_layer(kinds))
+    if spec.compress and k == 1:
+        return compressed_remat(_layer(kinds), spec)
     policy = spec.policy()
     layer = nnx.remat(_layer(kinds, tag_input=k == 1), policy=policy, prevent_cse=False)
     if k == 1:
         return layer
+    if spec.compress:
+        return compressed_remat(_tag_input(_scan(layer)), spec, boundary_only=True)
     return nnx.remat(_tag_input(_scan(layer)), policy=policy, prevent_cse=False)
 
 

@@ -105,13 +105,15 @@ def _groups(x: jax.Array, group: int) -> jax.Array:
     return x.reshape(*x.shape[:-1], n, group)
 
 
-def quantize(x: jax.Array, fmt: str, group: int = DEFAULT_GROUP) -> Compressed:
+def quantize(x: jax.Array, fmt: str, group: int = DEFAULT_GROUP, *, check_finite: bool = True) -> Compressed:
     """Compresses ``x [..., D]`` to ``fmt`` with one scale per ``group`` features.
 
     Args:
         x: a floating array with at least one axis; its last axis is the features.
         fmt: ``"int8"`` or ``"fp8"`` (``float8_e4m3fn``).
         group: features per scale; the last group is shorter when it does not divide D.
+        check_finite: refuse a concrete ``x`` with non-finite values (False: its groups
+            dequantize to NaN, as they do under a trace).
 
     Returns:
         A :class:`Compressed` of ``x``'s shape.
@@ -132,7 +134,7 @@ def quantize(x: jax.Array, fmt: str, group: int = DEFAULT_GROUP) -> Compressed:
     """
     x = jnp.asarray(x) if not isinstance(x, jax.Array) else x
     _check(fmt, group, x.shape, x.dtype)
-    if not isinstance(x, jax.core.Tracer):
+    if check_finite and not isinstance(x, jax.core.Tracer):
         bad = int(np.sum(~np.isfinite(np.asarray(x, np.float32))))
         if bad:
             raise ValueError(
