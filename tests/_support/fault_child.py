@@ -1,7 +1,8 @@
 """One ``jaxckpt train`` process of the fault-injection harness (``tests/_support/fault_harness.py``),
 and the fork server that starts such processes warm.
 
-Usage: ``python fault_child.py PROGRESS KILL_AT ACTION -- <jaxckpt train arguments>``
+Usage: ``python fault_child.py PROGRESS KILL_AT ACTION -- <jaxckpt train arguments>`` (or
+``fault_child.py fsize LIMIT ARGVS_JSON``: ``under_file_size_limit``)
 
 - After each step it appends ``step <n> <loss as float.hex()>`` to the file PROGRESS
   (flushed and fsynced, so that a SIGKILL loses nothing already written there).
@@ -163,12 +164,35 @@ def install(watch: Watch) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["fsize"]:
+        return under_file_size_limit(argv[1:])
     progress, kill_at, action, sep, *train_args = argv
     assert sep == "--", "usage: fault_child.py PROGRESS KILL_AT ACTION -- <train arguments>"
     from jaxckpt.cli import main as cli
 
     install(Watch(progress, int(kill_at), action))
     return cli(["train", *train_args])
+
+
+def under_file_size_limit(argv: list[str]) -> int:
+    """``fault_child.py fsize LIMIT ARGVS_JSON``: runs each ``jaxckpt`` command line of
+    ``ARGVS_JSON`` in this process under ``RLIMIT_FSIZE`` = LIMIT bytes (every write past it
+    fails with EFBIG, tensorstore's C++ writes too), printing ``exit <code>`` for each that
+    exits (``tests/reliability/test_torch_write_faults.py``). XLA's persistent cache is off: a
+    write of it past the limit is not what the command does."""
+    import jax
+
+    from jaxckpt.cli import main as cli
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    limit, argvs = int(argv[0]), json.loads(argv[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # SIGXFSZ: Python ignores it, so EFBIG
+    for args in argvs:
+        try:
+            cli(args)
+        except SystemExit as exit_info:
+            print("exit", exit_info.code, flush=True)
+    return 0
 
 
 WARM_MODULES = (

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import fault_harness as harness  # noqa: E402
 import torch_models as tm  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -275,29 +275,25 @@ def test_the_peft_adapter_and_the_seed_block_when_the_disk_fills(tmp_path, monke
     print("save_seed_block:", counting.calls, dict(counting.kinds))
 
 
-CHILD = """
-import resource, sys
-from jaxckpt.cli import main
-resource.setrlimit(resource.RLIMIT_FSIZE, (__LIMIT__, __LIMIT__))  # SIGXFSZ: Python ignores it, so EFBIG
-for argv in __ARGVS__:
-    try:
-        main(argv)
-    except SystemExit as exit_info:
-        print("exit", exit_info.code, flush=True)
-"""
-
-
 @pytest.mark.slow
-def test_a_file_size_limit_fails_the_real_writes(sources, tmp_path):
-    """``RLIMIT_FSIZE`` fails tensorstore's own writes (and Python's) with EFBIG."""
+def test_a_file_size_limit_fails_the_real_writes(sources, tmp_path, tmp_path_factory):
+    """``RLIMIT_FSIZE`` fails tensorstore's own writes (and Python's) with EFBIG. The limit is a
+    process's: the commands run in a process of their own (``fault_child.under_file_size_limit``),
+    forked warm by the fault harness's fork server instead of a fresh Python importing JAX,
+    jaxckpt and torch_bridge again (seconds of CPU)."""
     argvs = [
         ["convert", str(sources["hf"]), str(tmp_path / "jax"), "--json"],
         ["convert", str(sources["jax"]), str(tmp_path / "hf"), "--to", "torch", "--json"],
     ]
-    code = CHILD.replace("__LIMIT__", str(16 * 1024)).replace("__ARGVS__", repr(argvs))
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    env |= {"JAX_ENABLE_COMPILATION_CACHE": "false", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    logs = tmp_path_factory.mktemp("fsize-logs")  # not in tmp_path, which must stay empty
+    out, err = logs / "stdout.txt", logs / "stderr.txt"
+    argv = ["fsize", str(16 * 1024), json.dumps(argvs)]
+    child = harness.fork_server().start("fault_child", argv, stdout=out, stderr=err)
+    try:
+        child.wait(timeout=120)
+    finally:
+        child.kill()
+    done = subprocess.CompletedProcess(argv, child.returncode, out.read_text(), err.read_text())
     assert done.stdout.split().count("exit") == 2 and "exit 2" in done.stdout, (done.stdout, done.stderr)
     errors = [line for line in done.stderr.splitlines() if line.startswith("jaxckpt convert: error:")]
     assert "Traceback" not in done.stderr and len(errors) == 2, done.stderr
