@@ -9,14 +9,17 @@ write every field: every contract case on blockwise and one on each other implem
 sequence length, two train presets and each model once (tests/attention and tests/train check
 every case and preset), in the fewest processes: one child runs every GPU job in turn (on the GPU
 each is a fresh process, for its allocator peak, which the CPU does not report), and one the
-predictions.
+predictions. The refusal without ``--smoke`` happens before any of that: it is checked by calling
+the script's ``main`` in this process (the smoke test runs the real script).
 """
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -71,10 +74,27 @@ def test_smoke_runs_every_part_and_writes_every_section(tmp_path):
             assert row["deviceless"]["measured_on"] == "xla-gpu:h200-141g", row
 
 
+def _main_in_process(*args: str) -> int:
+    """The script's ``main(args)`` in this process, with ``_run``'s environment: its module-level
+    settings (``os.environ``, ``sys.path``) are undone afterwards. The smoke test above runs the
+    script as a real process, end to end; this saves a second process's start-up (imports)."""
+    saved_path = list(sys.path)
+    try:
+        with mock.patch.dict(os.environ, {"JAX_PLATFORMS": "cpu", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}):
+            sys.path.insert(0, str(SCRIPT.parent))  # as for a script: its directory first
+            spec = importlib.util.spec_from_file_location("gpu_check_in_process", SCRIPT)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module.main(list(args))
+    finally:
+        sys.path[:] = saved_path
+
+
 @pytest.mark.slow
-def test_without_smoke_on_the_cpu_it_refuses_with_exit_2(tmp_path):
+def test_without_smoke_on_the_cpu_it_refuses_with_exit_2(tmp_path, capsys):
     out = tmp_path / "gpu_check.json"
-    proc = _run("--out", str(out), timeout=300)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "needs a GPU backend" in proc.stderr and "--smoke" in proc.stderr, proc.stderr[-2000:]
+    status = _main_in_process("--out", str(out))
+    captured = capsys.readouterr()
+    assert status == 2, captured.out[-2000:] + captured.err[-2000:]
+    assert "needs a GPU backend" in captured.err and "--smoke" in captured.err, captured.err[-2000:]
     assert not out.exists()
