@@ -71,7 +71,9 @@ def test_the_adapters_are_on_the_targets_only():
 def test_step_zero_equals_the_base():
     tokens = _tokens()[0]
     base = nn.from_params(nn.Transformer, BASE, _base_params())
-    np.testing.assert_array_equal(np.asarray(_lora_model()(tokens)), np.asarray(base(tokens)))
+    np.testing.assert_array_equal(
+        np.asarray(_forward(_lora_model(), tokens, None)), np.asarray(_forward(base, tokens, None))
+    )
 
 
 def test_only_the_adapters_train_and_the_loss_falls():
@@ -143,22 +145,36 @@ def test_remat_presets_give_the_same_adapter_gradients(preset):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
 
 
+@nnx.jit
+def _forward(model, tokens, dropout_key):
+    """``model(tokens, dropout_key=...)``, jitted: eagerly every op compiles its own program."""
+    return model(tokens, dropout_key=dropout_key)
+
+
 @pytest.mark.slow
 def test_dropout_is_keyed_by_the_seed_and_the_step():
     cfg = CFG.replace(lora=nn.LoraConfig(rank=3, dropout=0.5))
     tokens = _tokens(3)
+    # The perturbed model built once (eagerly: many small programs); each trainer gets a
+    # fresh copy of its arrays, since a trainer donates the arrays it is given.
+    graphdef, state = nnx.split(_perturbed(_lora_model(cfg)))
+    state = jax.tree.map(np.asarray, state)
+
+    def fresh():
+        return nnx.merge(graphdef, jax.tree.map(np.array, state))
 
     def losses(seed):
-        trainer = train.Trainer(_perturbed(_lora_model(cfg)), seed=seed)
+        trainer = train.Trainer(fresh(), seed=seed)
         return [float(trainer.step(tokens)) for _ in range(3)]
 
     first, again, other = losses(0), losses(0), losses(1)
     assert first == again  # reproducible
     assert first != other  # another seed, other masks
-    model = _perturbed(_lora_model(cfg))
-    plain = model(tokens[0])
-    np.testing.assert_array_equal(np.asarray(model(tokens[0])), np.asarray(plain))  # no key: no dropout
-    dropped = model(tokens[0], dropout_key=jax.random.key(0))
+    model = fresh()
+    plain = _forward(model, tokens[0], None)
+    no_key = _forward(model, tokens[0], None)
+    np.testing.assert_array_equal(np.asarray(no_key), np.asarray(plain))  # no key: no dropout
+    dropped = _forward(model, tokens[0], jax.random.key(0))
     assert not np.allclose(np.asarray(dropped), np.asarray(plain))
 
 
@@ -220,6 +236,6 @@ def test_a_quantized_base_from_a_plain_checkpoint(tmp_path):
     assert isinstance(model.blocks.attn.q_proj, nn.QuantizedLinear)
     assert model.blocks.attn.q_proj.lora.lora_a[...].dtype == jnp.float32
     tokens = _tokens()[0]
-    want = train.initial_model(cfg.replace(lora=None), 0, tmp_path / "base")(tokens)
-    rel = float(jnp.abs(model(tokens) - want).max() / jnp.abs(want).max())
+    want = _forward(train.initial_model(cfg.replace(lora=None), 0, tmp_path / "base"), tokens, None)
+    rel = float(jnp.abs(_forward(model, tokens, None) - want).max() / jnp.abs(want).max())
     assert rel < 0.02  # int8's documented bound (tests/nn/test_nn_quant.py)
