@@ -1,6 +1,7 @@
 """The flags that several subcommands declare alike, declared once: the LoRA flags
 (``train`` and ``plan``), the optimizer and offload flags (``train`` and ``plan``), the MLP's
-tiling (``train``, ``compare`` and ``plan``), and the command line's one positive-int check.
+tiling and the compressed residuals (``train``, ``compare`` and ``plan``), and the command
+line's one positive-int check.
 
 Each ``add_*`` function adds its flags to a subcommand's parser; the subcommand turns the
 parsed values into library objects (``nn.LoraConfig``, ``train.OptimizerConfig``).
@@ -8,7 +9,7 @@ parsed values into library objects (``nn.LoraConfig``, ``train.OptimizerConfig``
 
 import argparse
 
-from jaxckpt import nn, train
+from jaxckpt import nn, remat, train
 from jaxckpt._checks import require_positive_int
 
 
@@ -66,6 +67,43 @@ def add_mlp_chunk_argument(p) -> None:
         help="tile the MLP over chunks of N tokens: its backward pass holds one chunk's intermediates "
         "(3 x N x ffn_dim) instead of the sequence's, at the same numbers; default: untiled",
     )
+
+
+def add_compress_arguments(p, *, tags: bool = True) -> None:
+    """``--compress int8|fp8`` (what the remat spec keeps, stored compressed) and, with
+    ``tags``, ``--compress-tags a,b`` (only those)."""
+    p.add_argument(
+        "--compress",
+        choices=remat.FORMATS,
+        help="store the activations the remat spec keeps in int8 or fp8 (a float32 scale per 128 "
+        "features; the layer inputs of bf16 take about half their bytes): the forward pass is exact, "
+        "the gradients change slightly; default: at their dtype",
+    )
+    if tags:
+        p.add_argument(
+            "--compress-tags",
+            metavar="TAG,...",
+            help="with --compress: compress only these kept tags (e.g. layer_input,attn_out); "
+            f"tags: {', '.join(t.value for t in remat.Tag)}",
+        )
+
+
+def compress_tags(args) -> "list[str] | None":
+    """``--compress-tags`` as a list of tag names (None when not given); an error names the
+    flag when it comes without ``--compress``."""
+    given = getattr(args, "compress_tags", None)
+    if given is None:
+        return None
+    if getattr(args, "compress", None) is None:
+        raise ValueError(f"--compress-tags {given} needs --compress (int8 or fp8)")
+    names = [name.strip() for name in given.split(",") if name.strip()]
+    unknown = [name for name in names if name not in remat.Tag._value2member_map_]
+    if unknown or not names:
+        raise ValueError(
+            f"--compress-tags {given}: unknown tag(s) {', '.join(unknown) or '(none given)'}; "
+            f"tags: {', '.join(t.value for t in remat.Tag)}"
+        )
+    return names
 
 
 OPTIMIZER_FLAGS = {

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxckpt import compare, nn
-from jaxckpt.cli._common import add_mlp_chunk_argument
+from jaxckpt.cli._common import add_compress_arguments, add_mlp_chunk_argument
 
 DEFAULT_MODEL = "tiny"
 DEFAULT_BATCH = 2
@@ -37,6 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="timed steps per row (median)")
     p.add_argument("--layers", type=int, help="override the preset's number of layers")
     add_mlp_chunk_argument(p)
+    add_compress_arguments(p, tags=False)
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(run=run)
 
@@ -46,7 +47,14 @@ def run(args: argparse.Namespace) -> int:
     given = (("n_layers", args.layers), ("mlp_chunk", args.mlp_chunk))
     overrides = {name: value for name, value in given if value is not None}
     config = nn.TransformerConfig.preset(args.model, **overrides)
-    result = compare.compare(config, batch=args.batch, seq=args.seq, steps=args.steps, progress=not args.json)
+    result = compare.compare(
+        config,
+        batch=args.batch,
+        seq=args.seq,
+        steps=args.steps,
+        progress=not args.json,
+        compress=args.compress,
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -64,6 +72,8 @@ def table(result: dict) -> Table:
         f"B={c['batch']} T={c['seq']} {c['dtype']} on {c['backend']}, {c['steps']} steps"
     )
     caption = "baseline (first row): reference attention, which materialises T x S, without remat"
+    if any("+" in r["remat"] for r in result["rows"]):
+        caption += "; <preset>+<format>: its kept activations stored compressed (--compress; exact forward)"
     t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
     for name in (
         "attention",

@@ -26,6 +26,8 @@ FLAGS: dict[str, str] = {
     "checkpoint.resume": "--resume",
     "checkpoint_dir": "--checkpoint-dir",
     "checkpoint_every": "--checkpoint-every",
+    "compress": "--compress",
+    "compress_tags": "--compress-tags",
     "coordinator": "--coordinator",
     "context_parallel": "--context-parallel",
     "data": "--data",

@@ -25,6 +25,15 @@ Example:
     $ jaxckpt plan --model llama2-7b --batch 8 --seq 2048 --device ascend-910 --devices 8
     (the same rows per device under 8-way FSDP; the chosen spec compiled over 8
     simulated CPU devices)
+
+    $ jaxckpt plan --model llama3.1-8b --lora 16 --batch 1 --seq 8192 --device h100-80g \
+        --budget 20GiB --allow-compress
+    (the solver may also store kept activations in int8, on the device or offloaded, where
+    that is the cheapest way to fit; the chosen line lists each compressed tag and its bytes)
+
+    $ jaxckpt plan --model tiny --batch 2 --seq 64 --budget 20MiB --compress int8
+    (every row is its preset with what it keeps stored in int8, as jaxckpt train --compress
+    int8 trains it: full+int8, save_attn+int8, ...)
 """
 
 import argparse
@@ -37,9 +46,11 @@ from rich.measure import Measurement
 from jaxckpt import nn, plan, remat
 from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
 from jaxckpt.cli._common import (
+    add_compress_arguments,
     add_lora_arguments,
     add_mlp_chunk_argument,
     add_optimizer_arguments,
+    compress_tags,
     optimizer_config,
 )
 from jaxckpt.cli._flags import FLAGS, flag_message
@@ -57,6 +68,7 @@ PLAN_FLAGS = {
     "optimizer.offload_master": "--offload-master",
     "seq_shards": "--seq-shards",
     "context_parallel": "--context-parallel",
+    "allow_compress": "--allow-compress",
 }
 """Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
 has the rest)."""
@@ -175,6 +187,14 @@ def add_parser(sub) -> None:
         help="check this preset instead of solving: its predicted and compiled peak against the budget",
     )
     p.add_argument(
+        "--allow-compress",
+        action="store_true",
+        help="let the solver also store kept activations compressed (int8, or --compress's format), on "
+        "the device or offloaded, where that is the cheapest way to fit: the forward pass stays exact, "
+        "the gradients change slightly, so it is off by default",
+    )
+    add_compress_arguments(p)
+    p.add_argument(
         "--autotune-results",
         metavar="FILE",
         help="with a GPU --device: XLA autotune results dumped on such a GPU "
@@ -257,10 +277,20 @@ def run(args: argparse.Namespace) -> int:
     )
     target, target_note = compile_target(args)
     notes = [n for n in (dtype_note, target_note) if n]
+    tags = compress_tags(args)
     if args.max_seq:
+        if args.allow_compress or args.compress is not None:
+            raise ValueError(
+                "--max-seq does not plan compressed residuals: leave out --allow-compress and --compress"
+            )
         return longest(args, workload, budget, notes, target)
     if args.remat is not None:
-        return check(args, workload, budget, notes, target)
+        if args.allow_compress:
+            raise ValueError(
+                "--allow-compress lets the solver choose what to compress; with --remat R give "
+                "--compress int8|fp8 to check R compressed"
+            )
+        return check(args, workload, budget, notes, target, tags)
     answer = plan.preset_table(
         workload,
         budget,
@@ -270,6 +300,9 @@ def run(args: argparse.Namespace) -> int:
         split_batch=args.split_batch,
         target=target,
         autotune_results=args.autotune_results,
+        allow_compress=args.allow_compress,
+        compress=args.compress,
+        compress_tags=tags,
     )
     result = answer.to_dict()
     result["notes"] = notes
@@ -300,14 +333,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check(
-    args: argparse.Namespace, workload: plan.Workload, budget: int, notes: list[str], target: str | None
+    args: argparse.Namespace,
+    workload: plan.Workload,
+    budget: int,
+    notes: list[str],
+    target: str | None,
+    tags: "list[str] | None" = None,
 ) -> int:
-    """``--remat R``: R's predicted and XLA-measured peak against the budget; 0 when it fits, else 1."""
-    predicted = plan.predict(workload, args.remat, target=target)
-    measured = plan.measure(workload, args.remat, target=target, autotune_results=args.autotune_results)
+    """``--remat R``: R's predicted and XLA-measured peak against the budget; 0 when it fits, else 1.
+    With ``--compress`` R is checked with what it keeps compressed (``--compress-tags``: those)."""
+    spec = remat.get(args.remat)
+    if args.compress is not None:
+        try:
+            spec = remat.compressed(spec, args.compress, tags)
+        except ValueError as err:
+            raise ValueError(f"--compress {args.compress} with --remat {args.remat}: {err}") from None
+    name = plan.spec_name(spec)
+    if name == "solved":
+        name = f"{args.remat}+{args.compress} ({','.join(tags or ())})"
+    predicted = plan.predict(workload, spec, target=target)
+    measured = plan.measure(workload, spec, target=target, autotune_results=args.autotune_results)
     limit = int(budget * (1 - args.headroom))
     result = {
-        "remat": args.remat,
+        "remat": name,
         "predicted_bytes": int(predicted.total),
         "measured_bytes": int(measured.peak),
         "host_bytes": int(predicted.host),
@@ -315,6 +363,7 @@ def check(
         "fits": measured.peak <= limit,
         "measured": measured.to_dict(),
         "measured_on": measured.measured_on,
+        "compress": {str(tag): fmt for tag, fmt in spec.compress.items()},
         "notes": notes,
         "caveat": plan.CPU_CAVEAT if target is None else plan.compile_target(target).caveat,
     }
@@ -323,7 +372,7 @@ def check(
     else:
         verdict = "fits" if result["fits"] else "does not fit"
         print(
-            f"{args.model} B={workload.batch} T={workload.seq}, remat {args.remat}: predicted "
+            f"{args.model} B={workload.batch} T={workload.seq}, remat {name}: predicted "
             f"{plan.format_bytes(predicted.total)}, {compiler_label(measured.measured_on)} measured "
             f"{plan.format_bytes(measured.peak)}: "
             f"{verdict} {plan.format_bytes(limit)}" + "".join(f". {n}" for n in result["notes"])

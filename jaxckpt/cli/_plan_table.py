@@ -59,6 +59,7 @@ def table(result: dict) -> Table:
         notes.append("activations equal to params are the floor: the update reuses their buffers")
     if result["offload_rows"] != "shown":
         notes.append(f"offload presets {result['offload_rows']}")
+    notes += compression_notes(result.get("compression") or {})
     if c["optimizer_placement"] == "host":
         notes.append(
             "the optimizer state is in host memory: left out of the device's sizes (on CPU it is the "
@@ -125,14 +126,52 @@ def _percent(fraction: float) -> str:
     return "<0.1%" if 0 < fraction < 0.001 else f"{fraction:.1%}"
 
 
+def compression_notes(compression: dict) -> list[str]:
+    """What the table's rows and choice may compress (``--allow-compress``, ``--compress``).
+
+    Example:
+        >>> compression_notes({"allow": True, "format": "int8", "tags": None})
+        ['the solver may store kept activations in int8 (--allow-compress)']
+        >>> compression_notes({"allow": False, "format": "fp8", "tags": ["attn_out"]})
+        ['every spec keeps attn_out in fp8 where it keeps it (--compress)']
+    """
+    if compression.get("allow"):
+        return [f"the solver may store kept activations in {compression['format']} (--allow-compress)"]
+    if compression.get("format"):
+        what = ", ".join(compression["tags"]) if compression.get("tags") else "what it keeps"
+        return [f"every spec keeps {what} in {compression['format']} where it keeps it (--compress)"]
+    return []
+
+
+def compressed_text(chosen: dict) -> str:
+    """The chosen spec's compressed tags, each with its format and its stored bytes against its
+    bytes uncompressed (one micro-batch, every layer), or ``""``.
+
+    Example:
+        >>> compressed_text({"compressed": [{"tag": "layer_input", "format": "int8", "bytes": 2**20,
+        ...                                  "uncompressed_bytes": 2**21}]})
+        'stores layer_input in int8 (1.00 MiB of 2.00 MiB)'
+    """
+    size = plan.format_bytes
+    parts = [
+        f"{c['tag']} in {c['format']} ({size(c['bytes'])} of {size(c['uncompressed_bytes'])})"
+        for c in chosen.get("compressed", [])
+    ]
+    return "stores " + ", ".join(parts) if parts else ""
+
+
 def chosen_line(chosen: dict, config: dict, label: str) -> str:
-    """One line on the chosen spec: what a solved spec keeps per layer, and XLA's peak."""
+    """One line on the chosen spec: what a solved spec keeps per layer, what it compresses, and
+    XLA's peak."""
     spec, what = chosen["spec"], "a preset"
     if chosen["remat"] == "solved":
         what = f"keeps {', '.join(spec['save']) or 'only the layer input'} per layer"
         if spec["offload"]:
             what += f", offloads {', '.join(spec['offload'])}"
         what += ", recomputes the rest"
+    squeezed = compressed_text(chosen)
+    if squeezed:
+        what += f"; {squeezed}"
     peak = plan.format_bytes(chosen["measured_bytes"])
     split = ""
     if chosen["micro_batches"] != config["micro_batches"]:

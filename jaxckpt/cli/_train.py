@@ -11,6 +11,7 @@ from jaxckpt import nn, plan, remat, train
 from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES, implementations
 from jaxckpt.cli._common import (
     OPTIMIZER_FLAGS,
+    add_compress_arguments,
     add_lora_arguments,
     add_mlp_chunk_argument,
     add_optimizer_arguments,
@@ -34,6 +35,7 @@ def add_parser(sub) -> None:
         help=f"remat preset ({', '.join(remat.PRESETS)}), or 'auto' (needs --budget); default: full",
     )
     p.add_argument("--budget", help="device memory for --remat auto, e.g. 30GiB, 32GB or bytes")
+    add_compress_arguments(p)
     p.add_argument(
         "--attention", help=f"attention implementation ({', '.join(implementations())}); default: auto"
     )
@@ -184,14 +186,32 @@ def run(args: argparse.Namespace) -> int:
             f"{p.measured.peak / 2**20:.1f} MiB <= budget {p.budget / 2**20:.1f} MiB, "
             f"recompute {100 * p.recompute_fraction:.1f}% of step FLOPs"
         )
+    line = compressed_line(result.trainer.spec)
+    if line:
+        console.print(line)
     console.print(f"compiled step: temp {m.temp / 2**20:.1f} MiB, peak {m.peak / 2**20:.1f} MiB")
     return 0
+
+
+def compressed_line(spec: remat.RematSpec) -> str | None:
+    """Which kept activations the run stored compressed (``--compress``), or None.
+
+    Example:
+        >>> compressed_line(remat.compressed("save_attn", "int8"))
+        'compressed residuals: attn_out int8, layer_input int8 (the forward pass is exact)'
+        >>> compressed_line(remat.get("full")) is None
+        True
+    """
+    if not spec.compress:
+        return None
+    tags = ", ".join(f"{tag} {fmt}" for tag, fmt in spec.compress.items())
+    return f"compressed residuals: {tags} (the forward pass is exact)"
 
 
 def train_run(args: argparse.Namespace) -> train.RunConfig:
     """The ``train.RunConfig`` that the flags describe (its checks name the fields, which
     ``jaxckpt.cli._flags`` writes as the flags)."""
-    names = ("remat", "attention", "budget", "mlp_chunk", "context_parallel")
+    names = ("remat", "attention", "budget", "mlp_chunk", "context_parallel", "compress", "compress_tags")
     memory = {name: getattr(args, name) for name in names}
     return train.RunConfig(
         steps=args.steps,

@@ -13,6 +13,7 @@ from rich.progress import Progress
 
 from jaxckpt._checks import require_positive_int
 from jaxckpt.nn import Transformer, TransformerConfig, trainable
+from jaxckpt.remat import FORMATS, RematSpec, compressed
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train import (
     ByteBatches,
@@ -31,10 +32,41 @@ OFFLOAD_REMAT = ("offload_qkv", "offload_minimal")
 BASELINE = ("reference", "none")
 
 
-def default_rows() -> list[tuple[str, str]]:
-    """``reference`` and ``flash`` x ``REMAT`` (+ offload presets where they save memory)."""
+def default_rows(compress: str | None = None) -> list[tuple[str, str]]:
+    """``reference`` and ``flash`` x ``REMAT`` (+ offload presets where they save memory); with
+    ``compress`` (``"int8"``, ``"fp8"``) also ``flash`` x each of those presets but ``none``
+    with what it keeps compressed, named ``<preset>+<format>`` (``remat_spec``).
+
+    Example:
+        >>> [r for r in default_rows("int8") if r[1].endswith("+int8")][:2]
+        [('flash', 'full+int8'), ('flash', 'dots+int8')]
+    """
     remats = REMAT + (OFFLOAD_REMAT if offload_saves_memory() else ())
-    return [(attention, remat) for attention in ATTENTION for remat in remats]
+    rows = [(attention, remat) for attention in ATTENTION for remat in remats]
+    if compress is not None:
+        rows += [("flash", f"{remat}+{compress}") for remat in remats if get_remat(remat).enabled]
+    return rows
+
+
+def remat_spec(remat: "str | RematSpec") -> RematSpec:
+    """A row's remat: a preset name, ``"<preset>+<format>"`` (the preset with what it keeps
+    compressed, ``remat.compressed``) or a ``RematSpec``.
+
+    Raises:
+        ValueError: for an unknown preset or format.
+
+    Example:
+        >>> remat_spec("save_attn+fp8").compress
+        {'attn_out': 'fp8', 'layer_input': 'fp8'}
+    """
+    if isinstance(remat, str) and "+" in remat:
+        preset, _, fmt = remat.partition("+")
+        if fmt not in FORMATS:
+            raise ValueError(
+                f"remat {remat!r}: unknown compression format {fmt!r}; valid: {', '.join(FORMATS)}"
+            )
+        return compressed(preset, fmt)
+    return get_remat(remat)
 
 
 @dataclasses.dataclass
@@ -73,6 +105,7 @@ def compare(
     rows: Sequence[tuple[str, str]] | None = None,
     seed: int = 0,
     progress: bool = True,
+    compress: str | None = None,
 ) -> dict:
     """Trains the same model, from the same init on the same batches, once per row.
 
@@ -88,9 +121,14 @@ def compare(
             T x S) or ``"flash"`` (blockwise). Default: both, under each of ``none``,
             ``full``, ``dots``, ``save_attn``, ``minimal`` and ``ratio_0.25`` (and the
             offload presets where host memory is separate). The baseline
-            ``("reference", "none")`` is added first when missing.
+            ``("reference", "none")`` is added first when missing. A remat is a preset
+            name, ``"<preset>+<format>"`` (``"full+int8"``: its kept activations stored
+            compressed) or a ``RematSpec``.
         seed: parameter init and data order.
         progress: draw a progress bar.
+        compress: ``"int8"`` or ``"fp8"``: the default rows gain one ``flash`` row per
+            enabled preset with what it keeps compressed (``default_rows``); with ``rows``
+            given it changes nothing.
 
     Returns:
         ``{"config": {...}, "rows": [{"attention", "remat", "temp_bytes", "memory_saved",
@@ -109,11 +147,13 @@ def compare(
     """
     require_positive_int("steps", steps)
     check_seq(config, seq)
-    pairs = [BASELINE] + [r for r in (rows or default_rows()) if tuple(r) != BASELINE]
+    if compress is not None and compress not in FORMATS:
+        raise ValueError(f"compress={compress!r} must be one of {', '.join(FORMATS)}")
+    pairs = [BASELINE] + [r for r in (rows or default_rows(compress)) if tuple(r) != BASELINE]
     for attention, remat in pairs:
         if attention not in ATTENTION:
             raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION)}")
-        get_remat(remat)
+        remat_spec(remat)
     data = ByteBatches(load_tokens(None), batch, seq, seed=seed)
     built = _build_rows(config, pairs, data, seed, progress)
     _run_round_robin(built, data, steps, progress)
@@ -147,7 +187,7 @@ def _build_rows(config, pairs, data, seed, progress) -> list[_Row]:
         task = bar.add_task("compiling rows", total=len(pairs))
         for attention, remat in pairs:
             model = Transformer(config, rngs=nnx.Rngs(seed), attention=ATTENTION[attention])
-            trainer = Trainer(model, remat=remat)
+            trainer = Trainer(model, remat=remat_spec(remat))
             grads = _initial_grads(trainer, first)
             base_grads = grads if base_grads is None else base_grads
             temp = memory_report(trainer.compile(first.shape)).temp

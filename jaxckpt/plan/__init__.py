@@ -15,8 +15,12 @@ devices) and, where it asks about one, a remat spec:
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
 ``_devices``, ``_tpu_targets``, ``_targets``, ``_compilers``, ``_specs``, ``_state``, ``_layer_costs``,
-``_layer_graph``, ``_compile``, ``_sharded``, ``_measure``, ``_working_set``, ``_analytic``, ``_cost``,
-``_by_cost``, ``_milp``, ``_solver``, ``_table``, ``_auto``, ``_max_seq``.
+``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``, ``_working_set``,
+``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_solver``, ``_table``, ``_auto``, ``_max_seq``.
+
+Compressed residuals (``RematSpec.compress``, int8 / fp8) are priced throughout: their stored
+bytes, their dequantized copy in a layer's backward pass, their (de)quantization's FLOPs and
+traffic (``_compression``); the solver stores a tag compressed only with ``allow_compress``.
 
 Example:
     >>> from jaxckpt import nn, plan
@@ -30,6 +34,7 @@ from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict
 from jaxckpt.plan._auto import resolve_auto
 from jaxckpt.plan._by_cost import by_cost, tag_flops_per_byte
 from jaxckpt.plan._compile import compile_step
+from jaxckpt.plan._compression import COMPRESS_FLOPS, compressed_tag_bytes, compressible_tags
 from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
@@ -59,6 +64,7 @@ from jaxckpt.plan._workload import MOMENTS_DTYPES, OPTIMIZERS, PLACEMENTS, Workl
 
 __all__ = [
     "AUTOTUNE_CAVEAT",
+    "COMPRESS_FLOPS",
     "CPU_CAVEAT",
     "DEVICES",
     "GEMM_BACKENDS",
@@ -86,6 +92,8 @@ __all__ = [
     "choice",
     "compile_step",
     "compile_target",
+    "compressed_tag_bytes",
+    "compressible_tags",
     "describe_max_seq",
     "device_preset",
     "deviceless",

@@ -113,6 +113,7 @@ import dataclasses
 
 from jaxckpt.nn import TransformerConfig, segment_sizes
 from jaxckpt.plan._compilers import VMEM_SCRATCH, compiled_by, hbm_temp, on_tpu
+from jaxckpt.plan._compression import boundary_format, dequantize_bytes
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._specs import saved_tags
 from jaxckpt.plan._state import (
@@ -209,7 +210,12 @@ def predict(
     stored = stored_bytes(graph, spec, config)
     layer = layer_working_set(workload, target=target)
     if spec.enabled and target is None:  # what a layer keeps is not recomputed, so not held twice
-        layer -= graph.stored_bytes(saved_tags(spec) - spec.offload) - graph.values["x"].nbytes
+        # (a compressed value is: the backward holds it dequantized, as an offloaded one brought back)
+        layer -= (
+            graph.stored_bytes(saved_tags(spec) - spec.offload - spec.compress.keys())
+            - graph.values["x"].nbytes
+        )
+    layer += dequantize_bytes(graph, spec, target)
     if spec.enabled:
         k, _ = segments(config, spec)
         if config.n_layers > k > 1:
@@ -266,18 +272,22 @@ def stored_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) 
     """Bytes the layers keep on the device from the forward pass for the backward pass.
 
     Without remat, every layer's residuals, and its weights cast to the compute dtype when
-    that is not the storage dtype (the matmuls' input gradients read the cast).
+    that is not the storage dtype (the matmuls' input gradients read the cast). The values of
+    the tags ``spec`` compresses, the layer inputs among them, at their compressed size
+    (``LayerGraph.stored_value_bytes``).
     """
     n_layers = config.n_layers
     if not spec.enabled:
         return n_layers * (graph.residual_bytes() + weight_casts(graph, config))
     k, count = segments(config, spec)
     x = graph.values["x"].nbytes
-    kept = graph.stored_bytes(saved_tags(spec) - spec.offload) - x  # offloaded tags live on the host
+    stored_x = graph.stored_value_bytes("x", boundary_format(spec), spec.compress_group)
+    # offloaded tags live on the host
+    kept = graph.stored_bytes(saved_tags(spec) - spec.offload, spec.compress, spec.compress_group) - stored_x
     # a segment of k layers keeps its input (unless it is offloaded); its backward pass holds
     # its k layer inputs
-    boundaries = count - offloaded_boundaries(config, spec) + (k if k > 1 else 0)
-    return n_layers * kept + x * boundaries
+    boundaries = count - offloaded_boundaries(config, spec)
+    return n_layers * kept + stored_x * boundaries + x * (k if k > 1 else 0)
 
 
 def offloaded_boundaries(config: TransformerConfig, spec: "str | RematSpec") -> int:
@@ -306,7 +316,8 @@ def host_residual_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerC
     """Bytes of remat residuals in host memory between the forward and the backward pass, one
     micro-batch's: every layer's offloaded tags (``RematSpec.offload``; those the backward
     pass uses, ``LayerGraph.kept``) and the offloaded boundaries (``offloaded_boundaries``).
-    What crosses the host link each step is twice this per micro-batch (``choice``).
+    What crosses the host link each step is twice this per micro-batch (``choice``). A tag
+    both offloaded and compressed crosses at its compressed size (about half of a bf16 one).
 
     Example:
         >>> from jaxckpt import nn, plan, remat
@@ -319,9 +330,12 @@ def host_residual_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerC
     """
     if not spec.enabled:
         return 0
-    tags = saved_tags(spec)
-    per_layer = graph.stored_bytes(tags) - graph.stored_bytes(tags - spec.offload)
-    return config.n_layers * per_layer + graph.values["x"].nbytes * offloaded_boundaries(config, spec)
+    tags, formats, group = saved_tags(spec), spec.compress, spec.compress_group
+    per_layer = graph.stored_bytes(tags, formats, group) - graph.stored_bytes(
+        tags - spec.offload, formats, group
+    )
+    stored_x = graph.stored_value_bytes("x", boundary_format(spec), group)
+    return config.n_layers * per_layer + stored_x * offloaded_boundaries(config, spec)
 
 
 def weight_casts(graph: LayerGraph, config: TransformerConfig) -> int:

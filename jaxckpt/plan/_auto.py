@@ -19,7 +19,10 @@ def resolve_auto(model_config: TransformerConfig, run: RunConfig) -> tuple[RunCo
     (``Workload.from_run``): ``run.optimizer``, ``run.micro_batches x run.batch`` sequences
     of ``run.seq`` tokens on ``run.mesh``, under ``run.budget`` bytes per device. A LoRA
     model (``lora``, ``quantize_base``) is planned as it trains: the adapters alone have
-    gradients and optimizer state.
+    gradients and optimizer state. With ``run.compress`` every spec the planner considers
+    keeps what it keeps compressed (``plan_memory(compress=)``, narrowed by
+    ``run.compress_tags``); the resolved run's ``remat`` is the spec with its compression,
+    and its ``compress`` fields are cleared (the spec carries them).
 
     Raises:
         ValueError: for a mesh with a data axis or too few devices (naming the argument).
@@ -36,5 +39,6 @@ def resolve_auto(model_config: TransformerConfig, run: RunConfig) -> tuple[RunCo
     if run.remat != AUTO:
         return run, None
     resolve_mesh(run.mesh)  # as train.train resolves it (the same error for too few devices)
-    memory_plan = plan_memory(Workload.from_run(model_config, run), run.budget)
-    return run.replace(remat=memory_plan.spec), memory_plan
+    workload = Workload.from_run(model_config, run)
+    memory_plan = plan_memory(workload, run.budget, compress=run.compress, compress_tags=run.compress_tags)
+    return run.replace(remat=memory_plan.spec, compress=None, compress_tags=None), memory_plan

@@ -1,8 +1,10 @@
-"""What a remat spec costs per train step: its predicted bytes, recompute FLOPs and offload traffic."""
+"""What a remat spec costs per train step: its predicted bytes, recompute FLOPs, offload
+traffic and, for compressed residuals, the (de)quantization's FLOPs and memory traffic."""
 
 import dataclasses
 
 from jaxckpt.plan._analytic import Prediction, predict
+from jaxckpt.plan._compression import compress_cost
 from jaxckpt.plan._devices import DevicePreset
 from jaxckpt.plan._layer_costs import attention_implementation
 from jaxckpt.plan._layer_graph import layer_graph
@@ -17,26 +19,40 @@ from jaxckpt.remat import get as get_remat
 class Choice:
     """One remat spec with its predicted bytes and its costs per train step (one device's).
 
+    ``compress_flops`` and ``compress_bytes``: what quantizing the compressed residuals in the
+    forward pass and dequantizing them in the backward pass compute and move through device
+    memory per step (``RematSpec.compress``; 0 without it).
+
     Example:
         >>> from jaxckpt import nn, plan
         >>> c = plan.choice(plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64), "full")
-        >>> c.spec.enabled, c.seconds(plan.DEVICES["a100-80g"]) > 0
-        (True, True)
+        >>> c.spec.enabled, c.seconds(plan.DEVICES["a100-80g"]) > 0, c.compress_flops
+        (True, True, 0)
     """
 
     spec: RematSpec
     predicted: Prediction
     recompute_flops: int
     transfer_bytes: int
+    compress_flops: int = 0
+    compress_bytes: int = 0
+
+    def compress_seconds(self, device: DevicePreset) -> float:
+        """The (de)quantization's time: its FLOPs at the device's rate plus its traffic at its
+        HBM bandwidth (0 without compression)."""
+        return self.compress_flops / device.flops + self.compress_bytes / device.hbm_bandwidth
 
     def seconds(self, device: DevicePreset) -> float:
-        """Recompute time at the device's matmul rate plus offload traffic at its host bandwidth."""
-        return self.recompute_flops / device.flops + self.transfer_bytes / device.host_bandwidth
+        """Recompute time at the device's matmul rate plus offload traffic at its host bandwidth,
+        plus the compressed residuals' (de)quantization (``compress_seconds``)."""
+        transfer = self.transfer_bytes / device.host_bandwidth
+        return self.recompute_flops / device.flops + transfer + self.compress_seconds(device)
 
     def step_seconds(self, device: DevicePreset, step_flops: int) -> float:
         """An estimate of the whole step's time: its FLOPs (``step_flops`` plus the
         recompute) at the device's peak matmul rate, plus the offload traffic at its host
-        link. Compute-bound and at peak: a floor to compare specs by, not a forecast.
+        link and the (de)quantization of compressed residuals (``compress_seconds``).
+        Compute-bound and at peak: a floor to compare specs by, not a forecast.
 
         Example:
             >>> from jaxckpt import nn, plan
@@ -47,7 +63,8 @@ class Choice:
             True
         """
         flops = step_flops + self.recompute_flops
-        return flops / device.flops + self.transfer_bytes / device.host_bandwidth
+        transfer = self.transfer_bytes / device.host_bandwidth
+        return flops / device.flops + transfer + self.compress_seconds(device)
 
 
 KERNEL_CALLS = frozenset({"splash", "pallas", "cudnn"})
@@ -99,9 +116,10 @@ def xla_step_cost(
     require_workload(workload, "xla_step_cost")
     spec = get_remat(remat)
     one_layer = workload.replace(config=workload.config.replace(n_layers=1))
+    costs = ((w, choice(w, spec)) for w in (workload, one_layer))
     whole, once = (
-        step_flops(w) + choice(w, spec).recompute_flops - _attention_kernel_flops(w, spec, target)
-        for w in (workload, one_layer)
+        step_flops(w) + c.recompute_flops + c.compress_flops - _attention_kernel_flops(w, spec, target)
+        for w, c in costs
     )
     scale = whole / max(once, 1)
     return flops * scale + _attention_kernel_flops(workload, spec, target), bytes_accessed * scale
@@ -150,13 +168,14 @@ def choice(workload: Workload, remat: "str | RematSpec", *, target: "str | Targe
     ``layers_per_checkpoint = k`` recomputes each layer twice except the last of a segment.
     Over ``workload.devices`` (FSDP) the bytes and costs are one device's. The transfer
     bytes are the offloaded residuals' round trips (``Prediction.host_activations`` out
-    and back for each micro-batch: under ``offload_full`` two layer inputs a layer) and,
-    with optimizer state (or master
-    weights) in host memory, that state read and written back once a step (``Choice.seconds``
-    prices them at the device's host link).
+    and back for each micro-batch: under ``offload_full`` two layer inputs a layer; a
+    compressed one at its compressed size) and, with optimizer state (or master weights)
+    in host memory, that state read and written back once a step (``Choice.seconds``
+    prices them at the device's host link). Compressed residuals (``RematSpec.compress``)
+    add their (de)quantization per micro-batch (``Choice.compress_flops``, ``compress_bytes``).
 
     Example:
-        >>> from jaxckpt import nn, plan
+        >>> from jaxckpt import nn, plan, remat
         >>> w = plan.Workload(nn.TransformerConfig.preset("tiny"), batch=2, seq=64)
         >>> plan.choice(w, "none").recompute_flops, plan.choice(w, "full").recompute_flops > 0
         (0, True)
@@ -164,6 +183,9 @@ def choice(workload: Workload, remat: "str | RematSpec", *, target: "str | Targe
         >>> off.recompute_flops == plan.choice(w, "full").recompute_flops
         True
         >>> off.transfer_bytes == 2 * off.predicted.host  # out and back once a step
+        True
+        >>> small = plan.choice(w, remat.compressed("offload_full", "int8"))  # fp32: a quarter, and scales
+        >>> small.transfer_bytes < off.transfer_bytes / 3 and small.compress_flops > 0
         True
     """
     spec = get_remat(remat)
@@ -178,9 +200,12 @@ def choice(workload: Workload, remat: "str | RematSpec", *, target: "str | Targe
     per_layer = graph.recompute_flops(tags)
     k = min(spec.layers_per_checkpoint, n_layers)
     extra = graph.forward_flops() * (k - 1) / k if k > 1 else 0  # the segment's re-forward
+    flops, moved = compress_cost(graph, spec, workload.config)
     return Choice(
         spec,
         pred,
         int(micro * n_layers * (per_layer + extra)),
         2 * micro * pred.host_activations + streamed,  # offloaded residuals: out and back
+        micro * flops,
+        micro * moved,
     )

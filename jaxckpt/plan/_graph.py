@@ -4,17 +4,25 @@ planner asks of it (what one layer stores for a set of saved tags, what it recom
 """
 
 import dataclasses
+from collections.abc import Mapping
 
-from jaxckpt.remat import Tag
+from jaxckpt.remat import DEFAULT_GROUP, Tag, compressed_bytes
 
 
 @dataclasses.dataclass(frozen=True)
 class Value:
-    """One tensor of the layer: ``nbytes`` per layer, saved under ``tag`` (or untagged)."""
+    """One tensor of the layer: ``nbytes`` per layer, saved under ``tag`` (or untagged).
+
+    ``rows`` x ``features``: its shape as the compressed remat sees it, the last axis (the
+    one ``remat.quantize`` cuts into groups) and the product of the others; 0 where the value
+    is never compressed (untagged, or the float32 log-sum-exp).
+    """
 
     name: str
     tag: Tag | None
     nbytes: int
+    rows: int = 0
+    features: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +80,16 @@ class LayerGraph:
     weights: int = 0
     frozen_flops: int = 0
     adapted: tuple[tuple[int, int], ...] = ()
+    dtype: str = "float32"
+    """The compute dtype: the tagged values' own."""
+
+    def stored_value_bytes(self, name: str, fmt: str | None = None, group: int = DEFAULT_GROUP) -> int:
+        """Bytes of the value ``name`` as a remat spec stores it: its own, or in ``fmt``
+        (``"int8"``, ``"fp8"``) its values and their scales (``remat.compressed_bytes``)."""
+        value = self.values[name]
+        if fmt is None:
+            return value.nbytes
+        return compressed_bytes((value.rows, value.features), self.dtype, fmt, group)
 
     def tagged(self, tags) -> frozenset[str]:
         """Names of the values carrying any of ``tags``."""
@@ -108,9 +126,16 @@ class LayerGraph:
             used.update(op.inputs)
         return frozenset((available & used) | {"x"})
 
-    def stored_bytes(self, tags) -> int:
-        """Bytes one layer keeps for the backward pass when ``tags`` are saved (plus its input)."""
-        return sum(self.values[name].nbytes for name in self.kept(tags))
+    def stored_bytes(
+        self, tags, formats: "Mapping[Tag, str] | None" = None, group: int = DEFAULT_GROUP
+    ) -> int:
+        """Bytes one layer keeps for the backward pass when ``tags`` are saved (plus its input),
+        each value of a tag in ``formats`` (``RematSpec.compress``) at its compressed size."""
+        formats = formats or {}
+        return sum(
+            self.stored_value_bytes(name, formats.get(self.values[name].tag), group)
+            for name in self.kept(tags)
+        )
 
     def recompute_flops(self, tags) -> int:
         """Forward FLOPs the backward pass repeats when ``tags`` are saved."""

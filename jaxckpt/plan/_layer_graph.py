@@ -110,9 +110,12 @@ def _projection(
     bias: bool,
     target: str,
     held_rows: int | None = None,
+    features: int | None = None,
 ) -> None:
     """``dst = src @ W (+ b)``; its input gradient reads ``W``, its weight gradient ``src``.
     A recomputed backward holds an adapter's output over ``held_rows`` (default ``rows``).
+    ``features``: the last axis ``dst`` is tagged with (default ``d_out``; the attention's
+    q, k and v are tagged per head, ``[B, T, heads, head_dim]``).
 
     Under LoRA (``cfg.lora``) the base ``W`` is frozen: no weight gradient, so ``src`` is
     read only when ``target`` carries an adapter, ``dst += scale * (src @ a) @ b``, whose
@@ -121,7 +124,8 @@ def _projection(
     d_in, d_out = widths
     e = cfg.compute_dtype.itemsize
     parts.weights += d_in * d_out * e
-    parts.values.append(Value(dst, tag, rows * d_out * e))
+    features = d_out if features is None else features
+    parts.values.append(Value(dst, tag, rows * d_out * e, rows * d_out // features, features))
     flops = 2 * rows * d_in * d_out + (rows * d_out if bias else 0)
     if cfg.lora is None:
         parts.ops.append(Op(name, (src,), (dst,), flops))
@@ -154,7 +158,7 @@ def _norm(
     """``dst = norm(src)`` over ``width`` features of ``rows`` rows (a d_model norm, or a
     q/k norm over head_dim per head)."""
     itemsize = cfg.compute_dtype.itemsize
-    parts.values.append(Value(dst, tag, rows * width * itemsize))
+    parts.values.append(Value(dst, tag, rows * width * itemsize, rows, width))
     parts.ops.append(Op(name, (src,), (dst,), NORM_FLOPS * rows * width))
     kept, keeps_input = NORM_RESIDUALS[cfg.norm](itemsize, rows, width)
     parts.internals += kept
@@ -187,8 +191,9 @@ def _attention(
     n, e, h = batch * seq, cfg.compute_dtype.itemsize, cfg.head_dim
     nh, kh = cfg.n_heads * h, cfg.n_kv_heads * h
     for name, tag, width in (("q", Tag.Q_PROJ, nh), ("k", Tag.K_PROJ, kh), ("v", Tag.V_PROJ, kh)):
+        widths = (cfg.d_model, width)
         _projection(
-            parts, cfg, f"{name}_proj", "n1", name, tag, n, (cfg.d_model, width), cfg.attention_bias, name
+            parts, cfg, f"{name}_proj", "n1", name, tag, n, widths, cfg.attention_bias, name, features=h
         )
     q, k = "q", "k"
     if cfg.qk_norm:
@@ -211,7 +216,7 @@ def _attention(
     flash = not materializes_scores(attention)
     outputs = ("o", "lse") if flash else ("o",)
     o_bytes = n * nh * e * (lane_padded(h) if parts.tpu else h) // h
-    parts.values.append(Value("o", Tag.ATTN_OUT if flash else None, o_bytes))
+    parts.values.append(Value("o", Tag.ATTN_OUT if flash else None, o_bytes, n * cfg.n_heads, h))
     if flash:
         parts.values.append(Value("lse", Tag.ATTN_LSE, n * cfg.n_heads * 4))
     shards, strategy = split
@@ -260,7 +265,7 @@ def _mlp(parts: _Parts, cfg: TransformerConfig, n: int, held_rows: int) -> None:
         act_in = ("g", "u")
     _projection(parts, cfg, "up", "n2", "u", Tag.MLP_UP, n, (d, f), cfg.mlp_bias, "up", held_rows)
     cost = ACTIVATION_COSTS[cfg.activation]
-    parts.values.append(Value("a", Tag.MLP_ACT, n * f * e))
+    parts.values.append(Value("a", Tag.MLP_ACT, n * f * e, n, f))
     parts.ops.append(Op("act", act_in, ("a",), cost.flops * n * f))
     read = {name: name for name in (*act_in, "a")}
     if tiled:
@@ -294,7 +299,7 @@ def _layer_graph(
     compiled for ``target`` (None: XLA:CPU), attending with ``attention`` (None: automatic)."""
     n, d = batch * seq, cfg.d_model
     attention = attention_implementation(cfg, target, attention)
-    x = Value("x", Tag.LAYER_INPUT, n * d * cfg.compute_dtype.itemsize)
+    x = Value("x", Tag.LAYER_INPUT, n * d * cfg.compute_dtype.itemsize, n, d)
     tpu = target is not None and target.platform == "tpu"
     parts = _Parts(gpu=target is not None, tpu=tpu, values=[x])
     _norm(parts, cfg, "norm1", "x", "n1", n, d, Tag.NORM_OUT)
@@ -321,4 +326,5 @@ def _layer_graph(
         weights=parts.weights,
         frozen_flops=parts.frozen_flops,
         adapted=tuple(parts.adapted),
+        dtype=cfg.compute_dtype.name,
     )

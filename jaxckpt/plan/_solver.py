@@ -5,12 +5,19 @@ chosen spec is then compiled (``measure``). When XLA needs more than the budget,
 a no-good cut excludes it and the next cheapest spec is solved for, so the plan is the
 cheapest spec that XLA confirms; only after several misses is the solver's budget
 lowered by the overshoot. A spec is only returned once its measured peak fits.
+
+Compression (``RematSpec.compress``) is the solver's fourth choice only with
+``allow_compress``: it changes the gradients slightly, so it is never chosen unasked.
+``compress`` is ``jaxckpt train --compress``: every spec the planner considers keeps its
+kept tags compressed in that format (``compress_tags``: only those).
 """
 
 import dataclasses
 import os
+from collections.abc import Collection
 
 from jaxckpt.plan._analytic import Prediction, predict
+from jaxckpt.plan._compression import compress_spec, compressed_tag_bytes
 from jaxckpt.plan._cost import Choice, choice, step_flops
 from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._infeasible import held_bytes, infeasible_message, splits
@@ -19,7 +26,7 @@ from jaxckpt.plan._milp import solve
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload, require_workload
-from jaxckpt.remat import PRESETS, RematSpec
+from jaxckpt.remat import FORMATS, PRESETS, RematSpec, Tag
 from jaxckpt.train import MemoryReport
 
 MAX_ATTEMPTS = 10
@@ -70,6 +77,9 @@ class MemoryPlan:
             FLOPs are one device's share of the step.
         workload: what was planned: the one asked for, or (``split_batch``) its batch cut
             into more micro-batches.
+        compress_flops: FLOPs of the compressed residuals' (de)quantization, per step (0
+            without compression).
+        target: the compiler the plan was predicted and measured for (None: XLA:CPU).
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -90,6 +100,8 @@ class MemoryPlan:
     attempts: tuple
     devices: int = 1
     workload: Workload | None = None
+    compress_flops: int = 0
+    target: "Target | None" = None
 
     @property
     def recompute_fraction(self) -> float:
@@ -97,7 +109,9 @@ class MemoryPlan:
         return self.recompute_flops / self.step_flops
 
     def to_dict(self) -> dict:
-        """The chosen spec and its figures, JSON-ready."""
+        """The chosen spec and its figures, JSON-ready; ``compressed`` lists each compressed
+        tag with its format and its stored bytes (every layer's, one micro-batch's) beside
+        what it would take uncompressed."""
         out = {
             "remat": self.remat,
             "spec": spec_dict(self.spec),
@@ -109,6 +123,19 @@ class MemoryPlan:
             "recompute_flops": self.recompute_flops,
             "devices": self.devices,
         }
+        if self.spec.compress:
+            workload = self.workload
+            sizes = {} if workload is None else compressed_tag_bytes(workload, self.spec, target=self.target)
+            out["compressed"] = [
+                {
+                    "tag": str(tag),
+                    "format": self.spec.compress[tag],
+                    "bytes": stored,
+                    "uncompressed_bytes": full,
+                }
+                for tag, (stored, full) in sizes.items()
+            ]
+            out["compress_flops"] = self.compress_flops
         if self.measured.flops is not None:  # the compiler's cost analysis of the spec's step
             m = self.measured
             out |= {"measured_flops": m.flops, "measured_bytes_accessed": m.bytes_accessed}
@@ -127,6 +154,9 @@ def plan_memory(
     split_batch: bool = False,
     target: "str | Target | None" = None,
     autotune_results: "str | os.PathLike | None" = None,
+    allow_compress: bool = False,
+    compress: str | None = None,
+    compress_tags: "Collection[Tag | str] | None" = None,
 ) -> MemoryPlan:
     """The remat spec of least recompute whose compiled peak fits ``budget`` bytes.
 
@@ -150,6 +180,14 @@ def plan_memory(
             predicts for XLA:GPU and compiles every candidate with it, without a GPU
             (``measure(target=)``: the larger peak of the two GEMM emitters).
         autotune_results: the target's autotune results from a real GPU (``measure``).
+        allow_compress: let the solver store kept tags compressed (int8, or ``compress``'s
+            format), on the device or in host memory, where that is the cheapest way to fit
+            (``solve(allow_compress=)``); full remat with compressed layer inputs is the last
+            resort. Off by default: compression changes the gradients slightly.
+        compress: ``"int8"`` or ``"fp8"``: every spec considered keeps what it keeps
+            compressed (``jaxckpt train --compress``: ``remat.compressed(spec, compress)``),
+            but ``Tag.ATTN_LSE``. None: nothing is compressed unless ``allow_compress``.
+        compress_tags: with ``compress``, only these tags are compressed where kept.
 
     Returns:
         A ``MemoryPlan`` whose ``measured.peak <= budget * (1 - headroom)``.
@@ -159,7 +197,8 @@ def plan_memory(
             A budget below what the step holds from start to end (its arguments: the
             parameters, the optimizer state on the device and the input tokens;
             ``held_bytes``) is answered from that sum, before anything is compiled.
-        ValueError: for a budget that is not a positive int, or a headroom outside [0, 1).
+        ValueError: for a budget that is not a positive int, a headroom outside [0, 1), an
+            unknown ``compress`` format, or ``compress_tags`` without ``compress``.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -173,10 +212,12 @@ def plan_memory(
         raise ValueError(f"plan_memory: budget={budget!r} must be a positive int (bytes)")
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"plan_memory: headroom={headroom!r} must be in [0, 1)")
+    squeeze = _Compression.of(allow_compress, compress, compress_tags)
     device = device_preset(device) if isinstance(device, str) else device
     limit = int(budget * (1 - headroom))
     target = None if target is None else compile_target(target)
-    compiler = _Compiler(target, autotune_results, target is not None if offload is None else offload)
+    offload = target is not None if offload is None else offload
+    compiler = _Compiler(target, autotune_results, offload, squeeze)
     try:
         return _plan_whole(workload, budget, limit, device, compiler)
     except BudgetError as err:
@@ -194,12 +235,56 @@ def plan_memory(
 
 
 @dataclasses.dataclass(frozen=True)
+class _Compression:
+    """What the planner may compress: anything (``allow``) in ``fmt``, or (``forced``) the
+    tags every spec keeps, in ``fmt`` (``plan_memory(compress=)``)."""
+
+    allow: bool = False
+    fmt: str = "int8"
+    forced: frozenset | None = None
+
+    @classmethod
+    def of(cls, allow_compress: bool, compress: str | None, compress_tags) -> "_Compression":
+        if not isinstance(allow_compress, bool):
+            raise ValueError(f"plan_memory: allow_compress={allow_compress!r} must be True or False")
+        if compress is not None and compress not in FORMATS:
+            raise ValueError(f"plan_memory: compress={compress!r} must be one of {', '.join(FORMATS)}")
+        if compress_tags is not None and compress is None:
+            raise ValueError("plan_memory: compress_tags= needs compress= (the format: int8 or fp8)")
+        forced = None
+        if compress is not None:
+            forced = frozenset(Tag) if compress_tags is None else frozenset(_tag(t) for t in compress_tags)
+        return cls(allow_compress, compress or "int8", forced)
+
+    def apply(self, spec: RematSpec) -> RematSpec:
+        """``spec`` as ``compress`` makes it (unchanged without it)."""
+        if self.forced is None:
+            return spec
+        return compress_spec(spec, self.fmt, None if self.forced == frozenset(Tag) else self.forced)
+
+    def solver_options(self) -> dict:
+        return {"allow_compress": self.allow, "compress_format": self.fmt, "compressed_tags": self.forced}
+
+
+def _tag(name) -> Tag:
+    try:
+        return Tag(str(name))
+    except ValueError:
+        raise ValueError(
+            f"plan_memory: compress_tags names {str(name)!r}, which is no tag; valid tags: "
+            f"{', '.join(map(str, Tag))}"
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
 class _Compiler:
-    """The backend a plan is for: its model (``predict``/``choice``) and its measurement."""
+    """The backend a plan is for: its model (``predict``/``choice``), its measurement, and
+    what it may compress."""
 
     target: Target | None
     autotune_results: "str | os.PathLike | None"
     offload: bool
+    compression: _Compression = _Compression()
 
     def predict(self, workload: Workload, spec) -> Prediction:
         return predict(workload, spec, target=self.target)
@@ -225,9 +310,15 @@ def _plan_whole(
         return done
 
     def found(spec: RematSpec) -> MemoryPlan:
-        return _plan(workload, budget, compiler.choice(workload, spec), try_spec(spec), minimum, attempts)
+        c = compiler.choice(workload, spec)
+        return _plan(workload, budget, c, try_spec(spec), minimum, attempts, compiler.target)
 
-    minimum = compiler.predict(workload, "full").total
+    squeeze = compiler.compression
+    # the last resorts: full remat, with its layer inputs compressed when that is allowed or asked
+    fallbacks = [squeeze.apply(PRESETS["full"])]
+    if squeeze.allow:
+        fallbacks.append(compress_spec(PRESETS["full"], squeeze.fmt))
+    minimum = min(compiler.predict(workload, spec).total for spec in fallbacks)
     if held_bytes(workload) > limit:  # arithmetic answers it: no peak can be below the arguments
         message = infeasible_message(workload, limit, minimum, compiler, budget=budget, measured=False)
         raise BudgetError(message, minimum, measured=False)
@@ -240,7 +331,13 @@ def _plan_whole(
     excluded: list[RematSpec] = []
     for _ in range(MAX_ATTEMPTS):
         spec = solve(
-            workload, aim, device=device, offload=compiler.offload, exclude=excluded, target=compiler.target
+            workload,
+            aim,
+            device=device,
+            offload=compiler.offload,
+            exclude=excluded,
+            target=compiler.target,
+            **squeeze.solver_options(),
         )
         if spec is None:
             break
@@ -255,14 +352,17 @@ def _plan_whole(
         excluded.append(spec)
         if len(excluded) >= CUTS_BEFORE_TIGHTENING:
             aim = min(aim, compiler.predict(workload, spec).total) - (measured.peak - limit)
-    # the prediction may be above what XLA needs: full remat settles it
-    smallest = try_spec(PRESETS["full"]).peak
-    if smallest <= limit:
-        return found(PRESETS["full"])
+    # the prediction may be above what XLA needs: full remat settles it (compressed, when allowed)
+    smallest = None
+    for spec in fallbacks:
+        peak = try_spec(spec).peak
+        if peak <= limit:
+            return found(spec)
+        smallest = peak if smallest is None else min(smallest, peak)
     raise BudgetError(infeasible_message(workload, limit, smallest, compiler, budget=budget), smallest)
 
 
-def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempts) -> MemoryPlan:
+def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempts, target=None) -> MemoryPlan:
     return MemoryPlan(
         workload=workload,
         spec=c.spec,
@@ -275,4 +375,6 @@ def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempt
         devices=workload.devices,
         minimum_bytes=minimum,
         attempts=tuple(attempts),
+        compress_flops=c.compress_flops,
+        target=target,
     )

@@ -1,7 +1,9 @@
 """Remat specs as the planner reports them: JSON-ready dicts, preset names, saved tags."""
 
+import dataclasses
+
 from jaxckpt._tags import PROJECTIONS
-from jaxckpt.remat import PRESETS, RematSpec
+from jaxckpt.remat import DEFAULT_GROUP, PRESETS, RematSpec, compressed
 
 
 def spec_dict(spec: RematSpec) -> dict:
@@ -11,25 +13,46 @@ def spec_dict(spec: RematSpec) -> dict:
         >>> from jaxckpt import plan, remat
         >>> list(map(str, plan.spec_dict(remat.get("save_attn"))["save"]))
         ['attn_lse', 'attn_out']
+        >>> plan.spec_dict(remat.compressed("full", "int8"))["compress"]  # only when it compresses
+        {'layer_input': 'int8'}
     """
-    return {
+    out = {
         "save": sorted(spec.save),
         "offload": sorted(spec.offload),
         "layers_per_checkpoint": spec.layers_per_checkpoint,
         "save_dots": spec.save_dots,
         "enabled": spec.enabled,
     }
+    if spec.compress:
+        out["compress"] = {str(tag): fmt for tag, fmt in spec.compress.items()}
+    if spec.compress_group != DEFAULT_GROUP:
+        out["compress_group"] = spec.compress_group
+    return out
 
 
 def spec_name(spec: RematSpec) -> str:
-    """The preset name of ``spec``, or ``"solved"``.
+    """The preset name of ``spec``; ``"<preset>+<format>"`` for a preset whose kept tags are
+    all compressed in one format (``remat.compressed(preset, fmt)``, what ``--compress``
+    trains); else ``"solved"``.
 
     Example:
         >>> from jaxckpt import plan, remat
         >>> plan.spec_name(remat.get("full")), plan.spec_name(remat.RematSpec(save={remat.Tag.Q_PROJ}))
         ('full', 'solved')
+        >>> plan.spec_name(remat.compressed("save_attn", "fp8"))
+        'save_attn+fp8'
     """
-    return next((name for name, preset in PRESETS.items() if preset == spec), "solved")
+    name = next((name for name, preset in PRESETS.items() if preset == spec), None)
+    if name is not None:
+        return name
+    formats = set(spec.compress.values())
+    if len(formats) == 1:
+        (fmt,) = formats
+        plain = dataclasses.replace(spec, compress={})
+        for name, preset in PRESETS.items():
+            if preset == plain and compressed(preset, fmt) == spec:
+                return f"{name}+{fmt}"
+    return "solved"
 
 
 def saved_tags(spec: RematSpec) -> frozenset:

@@ -2,12 +2,16 @@
 
 This is what ``jaxckpt plan`` prints: one row per preset, predicted from shapes
 (``choice``, no compile), plus the solved spec when no preset was chosen, the
-planner's answer (or its ``BudgetError``) and every spec it compiled on the way.
+planner's answer (or its ``BudgetError``) and every spec it compiled on the way. With
+``compress`` (``jaxckpt plan --compress``) every row is its preset compressed as ``jaxckpt
+train --compress`` would train it (``full+int8``).
 """
 
 import dataclasses
 import os
+from collections.abc import Collection
 
+from jaxckpt.plan._compression import compress_spec
 from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._measure import CPU_CAVEAT
@@ -15,7 +19,7 @@ from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._targets import CPU, Target, compile_target
 from jaxckpt.plan._workload import Workload, placement, require_workload
-from jaxckpt.remat import PRESETS, has_pinned_host
+from jaxckpt.remat import PRESETS, Tag, has_pinned_host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,7 @@ class PresetRow:
             "recompute_flops": int(self.choice.recompute_flops),
             "recompute_fraction": self.recompute_fraction,
             "estimated_seconds": self.estimated_seconds,
+            "compress": {str(tag): fmt for tag, fmt in self.choice.spec.compress.items()},
         }
 
 
@@ -94,6 +99,8 @@ class PresetTable:
     device: str | None = None
     model: str | None = None
     target: Target | None = None
+    compression: dict | None = None
+    """How the planner could compress: ``{"allow": bool, "format": str | None, "tags": [...] | None}``."""
 
     @property
     def measured_on(self) -> str:
@@ -134,6 +141,7 @@ class PresetTable:
             "model": self.model,
             "device": self.device,
             "config": {"batch": w.batch, "seq": w.seq, **model, **size},
+            "compression": self.compression or {"allow": False, "format": None, "tags": None},
         }
         if self.chosen is None:
             return {**result, "error": str(self.error)}
@@ -173,6 +181,9 @@ def preset_table(
     split_batch: bool = False,
     target: "str | Target | None" = None,
     autotune_results: "str | os.PathLike | None" = None,
+    allow_compress: bool = False,
+    compress: str | None = None,
+    compress_tags: "Collection[Tag | str] | None" = None,
 ) -> PresetTable:
     """Every remat preset's predicted bytes and recompute, and ``plan_memory``'s answer.
 
@@ -187,6 +198,9 @@ def preset_table(
             compiled with it (``plan_memory(target=)``), offload presets shown and
             planned for (a GPU has host memory of its own). None: XLA:CPU.
         autotune_results: the target's autotune results from a real GPU.
+        allow_compress, compress, compress_tags: as ``plan_memory``'s; with ``compress``
+            each row is its preset with what it keeps compressed (``compress_tags``: those
+            of them it keeps), named ``<preset>+<format>`` (``spec_name``).
 
     Returns:
         A ``PresetTable``; when nothing fits, its ``chosen`` is None and ``error`` the
@@ -216,16 +230,22 @@ def preset_table(
             split_batch=split_batch,
             target=target,
             autotune_results=autotune_results,
+            allow_compress=allow_compress,
+            compress=compress,
+            compress_tags=compress_tags,
         )
     except BudgetError as err:
         error = err
     limit = int(budget * (1 - headroom))
     step = step_flops(workload)
     offload = target is not None or has_pinned_host()
-    names = [n for n in PRESETS if offload or not PRESETS[n].offload]
-    rows = [_row(n, choice(workload, n, target=target), limit, step, preset) for n in names]
-    if chosen is not None and chosen.remat not in names:
-        c = Choice(chosen.spec, chosen.predicted, chosen.recompute_flops, 0)
+    tags = None if compress_tags is None else frozenset(Tag(str(t)) for t in compress_tags)
+    specs = {n: PRESETS[n] for n in PRESETS if offload or not PRESETS[n].offload}
+    if compress is not None:
+        specs = {spec_name(s): s for s in (compress_spec(s, compress, tags) for s in specs.values())}
+    rows = [_row(n, choice(workload, s, target=target), limit, step, preset) for n, s in specs.items()]
+    if chosen is not None and chosen.remat not in specs:
+        c = Choice(chosen.spec, chosen.predicted, chosen.recompute_flops, 0, chosen.compress_flops)
         rows.append(_row(chosen.remat, c, limit, step, preset))
     if chosen is not None:  # both predicted: the planner's full-remat figure and the rows'
         minimum = min([int(chosen.minimum_bytes)] + [int(r.choice.predicted.total) for r in rows])
@@ -235,6 +255,8 @@ def preset_table(
     return PresetTable(
         workload, budget, headroom, tuple(rows), chosen, error, minimum, source, step, offload,
         device=name, model=model, target=target,
+        compression={"allow": allow_compress, "format": compress or ("int8" if allow_compress else None),
+                     "tags": None if tags is None else sorted(map(str, tags))},
     )  # fmt: skip
 
 

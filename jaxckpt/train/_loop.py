@@ -82,7 +82,8 @@ def _check_resumable(saved: dict, meta: dict, directory: Path) -> None:
 def train(model_config: TransformerConfig, run: RunConfig, *, plan=None) -> TrainRun:
     """Trains a ``Transformer`` described by ``model_config`` as ``run`` says: from scratch
     or from ``run.init_from``, on byte-level text or on a data file tokenized by the
-    model's tokenizer, under the remat spec ``run.remat``.
+    model's tokenizer, under the remat spec ``run.remat_spec`` (``run.remat``, compressed as
+    ``run.compress`` says).
 
     ``run.remat == "auto"`` is answered by the planner before training (the planner
     compiles train steps, so it sits above ``train``): ``run, plan =
@@ -161,7 +162,7 @@ def train(model_config: TransformerConfig, run: RunConfig, *, plan=None) -> Trai
     optimizer = run.step_optimizer
     model = initial_model(config, run.seed, run.init_from, optimizer, attention=run.attention)
     parallel = {"mesh": mesh, "context_parallel": run.context_parallel}
-    trainer = Trainer(model, optimizer=optimizer, seed=run.seed, remat=run.remat, **parallel)
+    trainer = Trainer(model, optimizer=optimizer, seed=run.seed, remat=run.remat_spec, **parallel)
     # Compiling checks the sequence against max_len: fail before --force deletes anything.
     memory = memory_report(trainer.compile(feed.first))
     _prepare_checkpoint_dir(directory, ckpt.resume, ckpt.force)

@@ -4,10 +4,12 @@
 ``train(model_config, run)`` trains it, ``jaxckpt.plan.Workload.from_run(model_config, run)``
 plans it, and ``jaxckpt train --config run.yaml`` reads it from a file. Its parts are
 ``DataConfig`` (what it reads), ``OptimizerConfig`` (how it updates), ``CheckpointConfig``
-(where it saves) and the memory choices (``remat``, ``attention``, ``budget``, ``mlp_chunk``),
-which live here and not in the model's config: they change memory and time, never the
-numbers. (The MLP reads its tiling from the model's config: ``RunConfig.model_config``
-puts the run's ``mlp_chunk`` there.)
+(where it saves) and the memory choices (``remat``, ``attention``, ``budget``, ``mlp_chunk``,
+``compress``), which live here and not in the model's config: they change memory and time,
+and the loss never (``compress`` stores the kept activations int8 / fp8: the forward pass is
+exact, the gradients change slightly). (The MLP reads its tiling from the model's config:
+``RunConfig.model_config`` puts the run's ``mlp_chunk`` there; the trained remat spec is
+``RunConfig.remat_spec``, with the run's compression.)
 
 Every check runs once, when the value is built, and names the field (``batch=0 must be a
 positive int``, ``checkpoint.every=0 ...``); checks that need the model or the devices
@@ -22,7 +24,7 @@ from jaxckpt._checks import known_fields, require_positive_int
 from jaxckpt._sizes import parse_size
 from jaxckpt.attention import check_strategy
 from jaxckpt.data import DEFAULT_SHUFFLE_BUFFER, check_fraction
-from jaxckpt.remat import AUTO, RematSpec, Tag
+from jaxckpt.remat import AUTO, FORMATS, RematSpec, Tag, compressed
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._nonfinite import check_on_nonfinite, optimizer_for
 from jaxckpt.train._optimizers import OptimizerConfig
@@ -151,10 +153,12 @@ class CheckpointConfig:
 
 
 def _spec_to_dict(spec: RematSpec) -> dict:
-    """A ``RematSpec`` as plain values: its tags by name (``_spec_from_dict`` reads it back)."""
-    out = dataclasses.asdict(spec)
+    """A ``RematSpec`` as plain values: its tags by name, its compressed tags as a
+    ``{tag: format}`` dict (``_spec_from_dict`` reads it back)."""
+    out = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     for name in ("save", "offload"):
         out[name] = sorted(tag.value for tag in getattr(spec, name))
+    out["compress"] = {tag.value: fmt for tag, fmt in spec.compress.items()}
     return out
 
 
@@ -163,9 +167,26 @@ def _spec_from_dict(fields: Mapping) -> RematSpec:
     fields = known_fields(RematSpec, fields, "RunConfig.remat")
     try:
         tags = {name: frozenset(Tag(v) for v in fields.get(name, ())) for name in ("save", "offload")}
+        formats = {Tag(tag): fmt for tag, fmt in dict(fields.get("compress") or {}).items()}
     except ValueError as err:
         raise ValueError(f"RunConfig.remat: {err}; valid tags: {[t.value for t in Tag]}") from err
-    return RematSpec(**{**fields, **tags})
+    return RematSpec(**{**fields, **tags, "compress": formats})
+
+
+def _compress_tags(value) -> "tuple[str, ...] | None":
+    """``compress_tags`` as a sorted tuple of tag names: given as tags, names, or one
+    comma-separated string (``"mlp_up,mlp_gate"``, as ``--compress-tags`` writes it)."""
+    if value is None:
+        return None
+    names = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(name).strip() for name in names if str(name).strip()]
+    unknown = [name for name in names if name not in Tag._value2member_map_]
+    if unknown or not names:
+        raise ValueError(
+            f"compress_tags={value!r} must name tags of {', '.join(t.value for t in Tag)}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+        )
+    return tuple(sorted(set(names)))
 
 
 _PARTS = {"data": DataConfig, "checkpoint": CheckpointConfig, "optimizer": OptimizerConfig}
@@ -206,11 +227,19 @@ class RunConfig:
             (``nn.TransformerConfig.mlp_chunk``) in the model ``model_config(config)``, which
             ``jaxckpt train`` builds and ``plan.Workload.from_run`` plans; None: the model
             config's own choice.
+        compress: ``"int8"`` or ``"fp8"``: store what the remat spec keeps compressed
+            (``remat.compressed(spec, compress)``; ``remat_spec`` is the spec trained). The
+            forward pass is exact; the gradients change slightly. Under ``remat="auto"`` the
+            planner plans with it and the resolved spec carries it. None: no compression.
+        compress_tags: with ``compress``, compress only these tags (names, or a
+            comma-separated string), each one the spec keeps.
         progress: draw a progress bar.
 
     Raises:
         ValueError: naming the field, for a size that is not a positive int, an unknown
-            remat spec or ``on_nonfinite``, ``remat="auto"`` without a budget, or a bad part.
+            remat spec or ``on_nonfinite``, ``remat="auto"`` without a budget, a bad part, an
+            unknown ``compress`` format, ``compress_tags`` without ``compress``, or a
+            compressed tag the spec does not keep (or a spec that keeps nothing, ``none``).
 
     Example:
         >>> from jaxckpt import train
@@ -241,6 +270,8 @@ class RunConfig:
     attention: "str | None" = None
     budget: "int | str | None" = None
     mlp_chunk: "int | None" = None
+    compress: "str | None" = None
+    compress_tags: "tuple[str, ...] | str | None" = None
     progress: bool = True
 
     def __post_init__(self):
@@ -267,11 +298,56 @@ class RunConfig:
                 raise ValueError("remat='auto' needs budget= (bytes, or e.g. '30GiB')")
         else:
             get_remat(self.remat)
+        self._check_compress()
+
+    def _check_compress(self) -> None:
+        if self.compress is not None and self.compress not in FORMATS:
+            raise ValueError(f"compress={self.compress!r} must be one of {', '.join(FORMATS)}")
+        object.__setattr__(self, "compress_tags", _compress_tags(self.compress_tags))
+        if self.compress_tags is not None and self.compress is None:
+            raise ValueError(
+                f"compress_tags={','.join(self.compress_tags)} needs compress= (the format: "
+                f"{', '.join(FORMATS)})"
+            )
+        if self.compress is not None and self.remat != AUTO:
+            _ = self.remat_spec  # the spec's own check, naming the field
 
     @property
     def remat_spec(self) -> RematSpec:
-        """``remat`` as a ``RematSpec`` (after the planner has resolved ``"auto"``)."""
-        return get_remat(self.remat)
+        """The spec the run trains: ``remat`` as a ``RematSpec`` (after the planner has resolved
+        ``"auto"``), with what it keeps compressed under ``compress`` (``remat.compressed``).
+
+        Raises:
+            ValueError: naming ``compress_tags=`` for a tag the spec does not keep or cannot
+                compress, and ``compress=`` for a spec that keeps nothing (``none``).
+
+        Example:
+            >>> from jaxckpt import train
+            >>> run = train.RunConfig(steps=1, batch=1, seq=8, remat="save_attn", compress="int8")
+            >>> run.remat_spec.compress
+            {'attn_out': 'int8', 'layer_input': 'int8'}
+            >>> try:  # full keeps only the layer input
+            ...     train.RunConfig(steps=1, batch=1, seq=8, compress="fp8", compress_tags="mlp_up")
+            ... except ValueError as err:
+            ...     print(str(err).split(";")[0])
+            compress_tags=mlp_up: RematSpec.compress: tag 'mlp_up' is recomputed, not kept
+        """
+        spec = get_remat(self.remat)
+        if self.compress is None:
+            return spec
+        if not spec.enabled:
+            raise ValueError(
+                f"compress={self.compress!r} compresses what the remat spec keeps, and remat='none' "
+                "keeps everything at full precision (no remat): pick an enabled spec, e.g. remat='full'"
+            )
+        try:
+            return compressed(spec, self.compress, self.compress_tags)
+        except ValueError as err:
+            kept = ", ".join(sorted(t.value for t in compressed(spec, self.compress).compress))
+            raise ValueError(
+                f"compress_tags={','.join(self.compress_tags or ())}: {err} (of the tags it can compress, "
+                f"remat={self.remat!r} keeps {kept})"
+            ) from None
 
     def model_config(self, config):
         """The model this run trains: ``config`` (an ``nn.TransformerConfig``) with the run's
