@@ -24,8 +24,9 @@ the host (``off_x + cx + cox <= 1``).
 
 A compressed value is counted at its compressed size (``LayerGraph.stored_value_bytes``),
 saving ``1 - (1 + 4 / group) / itemsize`` of its bytes; on XLA:CPU it does not shrink the
-working set as a kept one does (the backward holds it dequantized), and a continuous ``z``
-bounds the largest dequantization temporary (``dequantize_bytes``) in the layer's row.
+working set as a kept one does (the backward holds it dequantized), and the layer's row
+holds what the (de)quantization adds (``dequantize_bytes``): on XLA:CPU each compressed
+value's float32 groups, on XLA:GPU each one's dequantized copy.
 ``Tag.ATTN_LSE`` is never compressed, and where a tag is placed inside a nested
 transformation of the layer (``conflicting_tags``) no spec that compresses anything keeps it.
 """
@@ -36,7 +37,12 @@ import numpy as np
 
 from jaxckpt.plan._analytic import predict
 from jaxckpt.plan._compilers import compiled_by, live_temp, on_tpu
-from jaxckpt.plan._compression import COMPRESS_FLOPS, compressible_tags, conflicting_tags
+from jaxckpt.plan._compression import (
+    COMPRESS_FLOPS,
+    compressible_tags,
+    conflicting_tags,
+    padded_groups_bytes,
+)
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._state import update_workspace
@@ -127,26 +133,22 @@ def solve(
 class _Program:
     """The MILP's variables and rows: ``keep_t``, ``off_t``, ``ckeep_t``, ``coff_t`` per tag,
     then ``run_o`` per op, then ``off_x``, ``cx``, ``cox`` (the layer inputs in host memory,
-    compressed on the device, compressed in host memory) and ``z`` (continuous: the largest
-    dequantization temporary)."""
+    compressed on the device, compressed in host memory)."""
 
     def __init__(
         self, graph: LayerGraph, tags: list[Tag], fmt: str, group: int = DEFAULT_GROUP, held_dequantized=True
     ):
         self.graph, self.tags, self.ops, self.fmt = graph, tags, list(graph.ops), fmt
         nt = len(tags)
-        self.size = 4 * nt + len(self.ops) + 4
+        self.size = 4 * nt + len(self.ops) + 3
         self.keep = {t: i for i, t in enumerate(tags)}
         self.off = {t: nt + i for i, t in enumerate(tags)}
         self.ckeep = {t: 2 * nt + i for i, t in enumerate(tags)}
         self.coff = {t: 3 * nt + i for i, t in enumerate(tags)}
         self.run = {op.name: 4 * nt + i for i, op in enumerate(self.ops)}
-        self.off_x, self.cx, self.cox, self.z = range(self.size - 4, self.size)
+        self.off_x, self.cx, self.cox = range(self.size - 3, self.size)
         self.rows, self.lo, self.hi = [], [], []
         self.upper = np.ones(self.size)
-        self.upper[self.z] = np.inf
-        self.integral = np.ones(self.size)
-        self.integral[self.z] = 0
         self.upper[[self.cx, self.cox]] = 0  # until add_compression allows them
         for t in tags:
             self.upper[[self.ckeep[t], self.coff[t]]] = 0
@@ -154,18 +156,22 @@ class _Program:
         def values(t):
             return [name for name, v in graph.values.items() if v.tag == t]
 
-        # bytes: a tag's values, counted once per layer; compressed; the dequantization's temporary
+        # bytes: a tag's values, counted once per layer, and compressed
         self.tag_bytes = {t: sum(graph.values[name].nbytes for name in values(t)) for t in tags}
         self.small_bytes = {t: sum(graph.stored_value_bytes(n, fmt, group) for n in values(t)) for t in tags}
         self.elements = {
             t: sum(graph.values[n].rows * graph.values[n].features for n in values(t)) for t in tags
         }
-        # XLA:CPU materialises the float32 groups; XLA:GPU fuses them (``dequantize_bytes``)
-        padded = _padded if held_dequantized else lambda *_: 0
-        self.temp = {t: max((padded(graph, n, group) for n in values(t)), default=0) for t in tags}
         x = graph.values["x"]
         self.x, self.small_x = x.nbytes, graph.stored_value_bytes("x", fmt, group)
-        self.elements_x, self.temp_x = x.rows * x.features, padded(graph, "x", group)
+        self.elements_x = x.rows * x.features
+        # what a compressed tag adds to the layer's working set (``dequantize_bytes``): on XLA:CPU
+        # its float32 groups, on XLA:GPU its dequantized copy (the layer input's: nothing)
+        if held_dequantized:
+            self.temp = {t: sum(padded_groups_bytes(graph, n, group) for n in values(t)) for t in tags}
+            self.temp_x = padded_groups_bytes(graph, "x", group)
+        else:
+            self.temp, self.temp_x = dict(self.tag_bytes), 0
 
     def constraint(self, coefs: dict[int, float], low: float, high: float) -> None:
         """``low <= sum(c * var) <= high``."""
@@ -215,12 +221,10 @@ class _Program:
         self, compressible: frozenset[Tag], forced: frozenset[Tag], conflicting: frozenset[Tag]
     ) -> None:
         """Lets the tags of ``compressible`` be kept compressed; those of ``forced`` may be kept
-        only compressed; none of ``conflicting`` is kept when anything is compressed; ``z`` is
-        at least the dequantization temporary of each compressed tag."""
+        only compressed; none of ``conflicting`` is kept when anything is compressed."""
         if Tag.LAYER_INPUT in compressible:
             self.upper[self.cx] = 1
             self.upper[self.cox] = self.upper[self.off_x]
-            self.constraint({self.z: 1, self.cx: -self.temp_x, self.cox: -self.temp_x}, 0, np.inf)
             if Tag.LAYER_INPUT in forced:
                 self.upper[self.off_x] = 0
                 self.constraint({self.cx: 1, self.cox: 1}, 1, 1)
@@ -229,7 +233,6 @@ class _Program:
                 continue
             self.upper[self.ckeep[t]] = 1
             self.upper[self.coff[t]] = 1  # the offload rows bound it
-            self.constraint({self.z: 1, self.ckeep[t]: -self.temp[t], self.coff[t]: -self.temp[t]}, 0, np.inf)
             if t in forced:
                 self.upper[[self.keep[t], self.off[t]]] = 0
         compressing = [self.cx, self.cox] + [i for t in self.tags for i in (self.ckeep[t], self.coff[t])]
@@ -267,8 +270,8 @@ class _Program:
     def add_budget(self, workload: Workload, budget: int, target) -> bool:
         """Every branch of the activation model's ``max`` within ``budget``; False when even the
         optimizer update does not fit. On XLA:CPU kept tags shrink the layer's working set too
-        (not held twice); compressed ones do not (the backward holds them dequantized), and the
-        largest dequantization temporary (``z``) adds to it. XLA:GPU and XLA:TPU slice kept
+        (not held twice); compressed ones do not (the backward holds them dequantized), and
+        compressed layer inputs add their dequantization's temporary. XLA:GPU and XLA:TPU slice kept
         tags out of their stacks as copies, and XLA:GPU adds its GEMM workspace and FSDP's
         transposed shards (``predict``). On
         XLA:TPU the state is counted as it allocates it (tiles padded) and the temporaries
@@ -290,7 +293,12 @@ class _Program:
         kept |= {self.off_x: -n * x, self.cox: -n * x, self.cx: -n * (x - self.small_x)}
         # XLA:CPU: a kept (uncompressed) tag is not held again by the layer's backward pass
         layer_kept = kept | ({} if on_gpu else {self.keep[t]: (n - 1) * self.tag_bytes[t] for t in self.tags})
-        layer_kept[self.z] = 1.0  # the dequantization's temporary
+        # what the (de)quantization adds to the layer's working set (``dequantize_bytes``)
+        for var in (self.cx, self.cox):
+            layer_kept[var] += self.temp_x
+        for t in self.tags:
+            layer_kept[self.ckeep[t]] += self.temp[t]
+            layer_kept[self.coff[t]] = layer_kept.get(self.coff[t], 0) + self.temp[t]
         room -= compiler_extras(workload, target=target)
         layer = layer_working_set(workload, target=target)
         head = head_branch(workload, target=target)
@@ -328,7 +336,7 @@ class _Program:
         result = milp(
             cost,
             constraints=LinearConstraint(np.array(self.rows), self.lo, self.hi),
-            integrality=self.integral,
+            integrality=np.ones(self.size),
             bounds=Bounds(0, self.upper),
             options={"mip_rel_gap": 0.0},
         )
@@ -344,10 +352,3 @@ class _Program:
             offload={t for t in self.tags if chosen[self.off[t]] or chosen[self.coff[t]]} | boundary,
             compress=dict.fromkeys(compressed, self.fmt),
         )
-
-
-def _padded(graph: LayerGraph, name: str, group: int) -> int:
-    """Bytes of the float32 groups ``remat.dequantize`` materialises for the value ``name``
-    on XLA:CPU, its last group padded (``dequantize_bytes``)."""
-    value = graph.values[name]
-    return value.rows * -(-value.features // group) * group * 4
