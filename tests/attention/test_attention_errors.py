@@ -209,8 +209,9 @@ def _shard_mapped_pallas(check_vma: bool):
     attend = lambda q, k, v: jaxckpt.flash_attention(q, k, v, is_causal=True, implementation="pallas")
     spec = P(None, None, "tp")
     sharded = jax.shard_map(attend, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=check_vma)
-    return jax.jit(jax.grad(lambda q: sharded(q, k, v).sum()))(q), jax.grad(
-        lambda q: jaxckpt.attention_reference(q, k, v, is_causal=True).sum()
+    # The expectation under jit too (eager == jit is tested in test_attention_tracing.py).
+    return jax.jit(jax.grad(lambda q: sharded(q, k, v).sum()))(q), jax.jit(
+        jax.grad(lambda q: jaxckpt.attention_reference(q, k, v, is_causal=True).sum())
     )(q)
 
 

@@ -2,7 +2,7 @@
 simulated CPU devices, against ``attention_reference`` on the whole sequence.
 
 Every case runs the forward and the gradients (q, k, v) of a random cotangent, in one
-jitted program, with the sequence in the load-balanced zigzag order (causal) or in
+compiled program, with the sequence in the load-balanced zigzag order (causal) or in
 contiguous chunks, and compares them to the reference within 1e-5 of the tensor's scale
 (fp32): ``max|a - e| <= 1e-5 * max(1, max|e|)``, the issue's bound, tighter than the
 kernel suite's table. Sizes are odd where they may be: T = 8 x 12, N = 6 query heads
@@ -56,14 +56,23 @@ def _inputs(kv_heads: int = K, packed: bool = False, seed: int = 0, dtype=jnp.fl
     return q, k, v, ct, seg
 
 
-@functools.cache
-def _programs(strategy: str, n: int, zigzag: bool, batch_axis: "str | None", opts: tuple, packed: bool):
-    """The jitted ``(q, k, v, ct, seg) -> (out, dq, dk, dv)`` of context parallelism over
-    ``seq=n`` (with ``batch_axis=2`` beside it when given), and of the reference."""
-    options = dict(opts)
+def _mesh_of(n: int, batch_axis: "str | None"):
     shape, names = ((2, n), (batch_axis, "seq")) if batch_axis else ((n,), ("seq",))
-    mesh = _mesh(shape, names)
-    spec, rows = P(batch_axis, "seq"), P(batch_axis, "seq")
+    return _mesh(shape, names)
+
+
+@functools.cache
+def _parallel(strategy: str, n: int, batch_axis: "str | None", opts: tuple, packed: bool, shapes: tuple):
+    """The compiled ``(q, k, v, ct, pos[, seg]) -> (out, dq, dk, dv)`` of context parallelism
+    over ``seq=n`` (with ``batch_axis=2`` beside it when given), on arrays already in the
+    devices' order (zigzag or contiguous) and split along T: the program's only collectives
+    are the strategy's, so the same compiled program is checked for its numbers here and for
+    its communication in ``test_ring_...`` and ``test_all_gather_...``.
+
+    ``shapes``: the ``(shape, dtype name)`` of q, k, v, ct, pos and, when packed, seg."""
+    options = dict(opts)
+    mesh = _mesh_of(n, batch_axis)
+    spec = P(batch_axis, "seq")
 
     def local(q, k, v, pos, *seg):
         return context_parallel_attention(
@@ -77,35 +86,51 @@ def _programs(strategy: str, n: int, zigzag: bool, batch_axis: "str | None", opt
             **options,
         )
 
-    n_args = 5 if packed else 4
-    sharded = jax.shard_map(
-        local, mesh=mesh, in_specs=(spec, spec, spec, rows, rows)[:n_args], out_specs=spec
-    )
-    order = (lambda x: to_zigzag(x, n)) if zigzag else (lambda x: x)
-    back = (lambda x: from_zigzag(x, n)) if zigzag else (lambda x: x)
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * (5 if packed else 4), out_specs=spec)
 
-    def grads(attend, q, k, v, ct):
-        out, vjp = jax.vjp(attend, q, k, v)
+    def run(q, k, v, ct, pos, *seg):
+        out, vjp = jax.vjp(lambda q, k, v: sharded(q, k, v, pos, *seg), q, k, v)
         return (out, *vjp(ct))
 
-    @jax.jit
-    def parallel(q, k, v, ct, seg):
-        pos = order(jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)))
-        extra = () if seg is None else (order(seg),)
-        attend = lambda q, k, v: back(sharded(order(q), order(k), order(v), pos, *extra))
-        return grads(attend, q, k, v, ct)
+    split = jax.sharding.NamedSharding(mesh, spec)
+    specs = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=split) for shape, dtype in shapes]
+    return jax.jit(run).lower(*specs).compile()
+
+
+@functools.cache
+def _reference(opts: tuple):
+    """The jitted ``(q, k, v, ct, seg) -> (out, dq, dk, dv)`` of ``attention_reference`` on
+    the whole sequence, in its own order (shared by both strategies)."""
+    options = dict(opts)
 
     @jax.jit
     def reference(q, k, v, ct, seg):
-        return grads(lambda q, k, v: attention_reference(q, k, v, segment_ids=seg, **options), q, k, v, ct)
+        out, vjp = jax.vjp(lambda q, k, v: attention_reference(q, k, v, segment_ids=seg, **options), q, k, v)
+        return (out, *vjp(ct))
 
-    return parallel, reference
+    return reference
+
+
+def _run_parallel(strategy, n, zigzag, batch_axis, opts, q, k, v, ct, seg):
+    """Context parallelism on inputs in the sequence's order: put in the zigzag order
+    (``to_zigzag``) or left in contiguous chunks, split along T over the devices, run, and
+    the outputs put back in the sequence's order (``from_zigzag``)."""
+    order = (lambda x: to_zigzag(x, n)) if zigzag else (lambda x: x)
+    back = (lambda x: from_zigzag(x, n)) if zigzag else (lambda x: x)
+    pos = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
+    arrays = [q, k, v, ct, pos] + ([] if seg is None else [seg])
+    split = jax.sharding.NamedSharding(_mesh_of(n, batch_axis), P(batch_axis, "seq"))
+    args = [jax.device_put(order(x), split) for x in arrays]
+    shapes = tuple((tuple(x.shape), x.dtype.name) for x in args)
+    compiled = _parallel(strategy, n, batch_axis, opts, seg is not None, shapes)
+    return [back(x) for x in compiled(*args)]
 
 
 def _errors(strategy, n=8, zigzag=False, batch_axis=None, kv_heads=K, packed=False, **options):
     q, k, v, ct, seg = _inputs(kv_heads, packed)
-    parallel, reference = _programs(strategy, n, zigzag, batch_axis, tuple(sorted(options.items())), packed)
-    got, want = parallel(q, k, v, ct, seg), reference(q, k, v, ct, seg)
+    opts = tuple(sorted(options.items()))
+    got = _run_parallel(strategy, n, zigzag, batch_axis, opts, q, k, v, ct, seg)
+    want = _reference(opts)(q, k, v, ct, seg)
     errors = {}
     for name, a, e in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
         a, e = np.asarray(a), np.asarray(e)
@@ -121,9 +146,8 @@ def test_bfloat16_within_the_kernel_tolerances(strategy):
     reference of the same bf16 inputs."""
     q, k, v, ct, seg = _inputs(packed=True, dtype=jnp.bfloat16)
     options = (("is_causal", True),)
-    parallel, reference = _programs(strategy, 8, True, None, options, True)
-    got = parallel(q, k, v, ct, seg)
-    want = reference(*(x.astype(jnp.float32) for x in (q, k, v, ct)), seg)
+    got = _run_parallel(strategy, 8, True, None, options, q, k, v, ct, seg)
+    want = _reference(options)(*(x.astype(jnp.float32) for x in (q, k, v, ct)), seg)
     for name, a, e in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
         assert a.dtype == jnp.bfloat16, (name, a.dtype)
         assert_close(a, e, jnp.bfloat16, "fwd" if name == "out" else "grad", name)
@@ -231,26 +255,19 @@ def test_tiles_classified_from_positions(window):
         np.testing.assert_array_equal(a, b)
 
 
-@functools.cache
 def _compiled_vjp(strategy: str, n: int = 8):
     """The compiled forward + VJP of causal context parallelism alone (no segment ids),
-    inputs and outputs split along T: the program's only collectives are the strategy's."""
-    mesh = _mesh((n,), ("seq",))
-    spec = P(None, "seq")
-
-    def local(q, k, v, pos):
-        return context_parallel_attention(q, k, v, pos, strategy=strategy, is_causal=True, block_sizes=BLOCKS)
-
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, P("seq")), out_specs=spec)
-
-    def run(q, k, v, pos, ct):
-        out, vjp = jax.vjp(lambda q, k, v: sharded(q, k, v, pos), q, k, v)
-        return out, vjp(ct)
-
-    split = jax.sharding.NamedSharding(mesh, spec)
-    shapes = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=split) for s in ((B, T, N, H), (B, T, K, H))]
-    pos = jax.ShapeDtypeStruct((T,), jnp.int32, sharding=jax.sharding.NamedSharding(mesh, P("seq")))
-    return jax.jit(run).lower(shapes[0], shapes[1], shapes[1], pos, shapes[0]).compile()
+    inputs and outputs split along T: the program's only collectives are the strategy's.
+    It is the program ``test_equals_reference_on_seq8[<strategy>-causal-rows]`` runs."""
+    f32 = jnp.dtype(jnp.float32).name
+    shapes = (
+        ((B, T, N, H), f32),
+        ((B, T, K, H), f32),
+        ((B, T, K, H), f32),
+        ((B, T, N, H), f32),
+        ((B, T), jnp.dtype(jnp.int32).name),
+    )
+    return _parallel(strategy, n, None, (("is_causal", True),), False, shapes)
 
 
 def test_ring_passes_each_block_once_around_the_ring():
