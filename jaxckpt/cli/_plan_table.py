@@ -164,6 +164,8 @@ def chosen_line(chosen: dict, config: dict, label: str) -> str:
     """One line on the chosen spec: what a solved spec keeps per layer, what it compresses, and
     XLA's peak."""
     spec, what = chosen["spec"], "a preset"
+    if "+" in chosen["remat"]:  # full+int8: a preset with its kept activations compressed
+        what = f"a preset, what it keeps in {chosen['remat'].partition('+')[2]}"
     if chosen["remat"] == "solved":
         what = f"keeps {', '.join(spec['save']) or 'only the layer input'} per layer"
         if spec["offload"]:
