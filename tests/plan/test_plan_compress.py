@@ -7,10 +7,12 @@ compiled once, ``compile_report``'s cache, serves every test that asks for it).
 """
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 
-from jaxckpt import nn, plan, remat
+import jaxckpt.plan._auto as auto
+from jaxckpt import nn, plan, remat, train
 from jaxckpt.plan._compression import compressed_values, compressible_tags
 from jaxckpt.remat import RematSpec, Tag
 
@@ -231,3 +233,22 @@ def test_offloaded_int8_boundaries_are_the_predicted_host_bytes(on_gpu):
     host = plan.predict(GPU, INT8["offload_full"], target=TARGET).host_activations
     assert report.host_temp + report.host_argument == host
     assert host < 0.55 * plan.predict(GPU, "offload_full", target=TARGET).host_activations
+
+
+def test_auto_remat_plans_with_the_runs_compression(monkeypatch):
+    """``remat="auto"`` with ``RunConfig.compress``: the planner plans with it, and the resolved
+    run's spec carries the compression (its ``compress`` fields cleared)."""
+    seen = {}
+
+    def plan_memory(workload, budget, **kwargs):
+        seen.update(kwargs)
+        return SimpleNamespace(spec=INT8["save_attn"])
+
+    monkeypatch.setattr(auto, "plan_memory", plan_memory)
+    run = train.RunConfig(steps=1, batch=3, seq=64, remat="auto", budget="1GiB", compress="int8")
+    resolved, _ = plan.resolve_auto(CPU.config, run.replace(compress_tags="attn_out,layer_input"))
+    assert seen == {"compress": "int8", "compress_tags": ("attn_out", "layer_input")}
+    assert (
+        resolved.remat == INT8["save_attn"] and resolved.compress is None and resolved.compress_tags is None
+    )
+    assert resolved.remat_spec == INT8["save_attn"]
