@@ -38,7 +38,15 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxckpt.attention import collective_bytes
 from jaxckpt.plan._state import abstract_train_state, state_bytes, trainable_bytes
-from jaxckpt.plan._targets import CPU, Target, compile_target, compiler_options, deviceless, target_devices
+from jaxckpt.plan._targets import (
+    CPU,
+    Target,
+    compile_target,
+    compiler_options,
+    deviceless,
+    kernel_cache_options,
+    target_devices,
+)
 from jaxckpt.plan._tpu_targets import hbm_overflow
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec
@@ -108,7 +116,7 @@ def compile_step(
     """
     target = None if target is None else compile_target(target)
     gpu = target is not None and target.platform == "gpu"
-    options = compiler_options(gemm, autotune_results) if gpu else {}
+    options = {**compiler_options(gemm, autotune_results), **kernel_cache_options()} if gpu else {}
     spec = get_remat(remat)
     model, opt = abstract_train_state(workload.config, workload.optimizer)
     model.set_attention(workload.attention)

@@ -15,6 +15,7 @@ A deviceless compile does not autotune: GEMM tilings (and so their workspaces) a
 XLA's defaults, which a real GPU may tune to others (``AUTOTUNE_CAVEAT``).
 """
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -22,6 +23,7 @@ import importlib.resources
 import importlib.util
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from types import MappingProxyType
 
@@ -72,6 +74,37 @@ def compiler_options(gemm: str = "default", autotune_results: "str | os.PathLike
             raise FileNotFoundError(f"autotune_results={str(path)!r}: no such file")
         options["xla_gpu_load_autotune_results_from"] = str(path.resolve())
     return options
+
+
+@functools.cache
+def _kernel_cache_dir() -> str:
+    """A folder of this process's own, removed when it exits (``kernel_cache_options``)."""
+    path = tempfile.mkdtemp(prefix="jaxckpt-gpu-kernels-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def kernel_cache_options() -> dict:
+    """XLA:GPU's kernel cache for the deviceless compiles of this process: a compile reuses the
+    kernels (PTX compiled by ``ptxas``) of the earlier ones whose fused computations are the
+    same, as the solver's candidates of one model mostly are. The buffer assignment, and so
+    every memory figure, is the same with or without it; about a third of a deviceless
+    compile's time is ``ptxas``, and the cache spared 30% of the CPU time of the planner's
+    GPU tests.
+
+    The file is one process's: XLA rewrites it whole after each compile, and a process that
+    read it while another wrote it would fail to parse it, so it is never shared. A cache
+    file the user names in ``XLA_FLAGS`` (``--xla_gpu_kernel_cache_file``) is left alone.
+
+    Example:
+        >>> from jaxckpt.plan._targets import kernel_cache_options
+        >>> options = kernel_cache_options()
+        >>> options == {} or options["xla_gpu_kernel_cache_file"].endswith("kernels.bin")
+        True
+    """
+    if "xla_gpu_kernel_cache_file" in os.environ.get("XLA_FLAGS", ""):
+        return {}
+    return {"xla_gpu_kernel_cache_file": str(Path(_kernel_cache_dir()) / "kernels.bin")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxckpt
 from jaxckpt import plan
+from jaxckpt.plan._targets import kernel_cache_options
 from jaxckpt.remat import Tag
 
 pytestmark = pytest.mark.gpu_compile
@@ -39,13 +40,6 @@ def kernel_counts(hlo: str) -> collections.Counter:
 def _compile(fn, *args, options=None):
     with plan.deviceless():
         return jax.jit(fn).lower(*args).compile(options)
-
-
-def kernel_cache(tmp_path) -> dict:
-    """XLA:GPU's kernel cache file (``xla_gpu_kernel_cache_file``): a kernel one compile built
-    is reused by a later compile that holds the same kernel (keyed by the fingerprint of its
-    HLO). The HLO and the buffers are the same; only the Triton and ptxas work is shared."""
-    return {"xla_gpu_kernel_cache_file": str(tmp_path / "xla_gpu_kernels.bin")}
 
 
 SHAPES = [  # B, T, S, N, K, H, features
@@ -106,7 +100,7 @@ def _model(x, w_qkv, w_out, *, implementation="pallas", **kwargs):
     return jnp.sum(jnp.tanh(out.reshape(b, t, 256) @ w_out).astype(jnp.float32))
 
 
-def test_saved_tags_keep_the_forward_kernel_out_of_the_recompute(tmp_path):
+def test_saved_tags_keep_the_forward_kernel_out_of_the_recompute():
     """Under ``save_attn`` (Tag.ATTN_OUT, Tag.ATTN_LSE saved) the backward reruns no forward.
 
     The three policies' steps hold the same kernels (the four Triton kernels, of the same
@@ -117,7 +111,7 @@ def test_saved_tags_keep_the_forward_kernel_out_of_the_recompute(tmp_path):
         "nothing": jax.checkpoint_policies.nothing_saveable,
     }
     args = (_sd((2, 256, 96), jnp.bfloat16), _sd((96, 768), jnp.bfloat16), _sd((256, 96), jnp.bfloat16))
-    options = kernel_cache(tmp_path)
+    options = kernel_cache_options()  # XLA:GPU's kernel cache: the Triton and ptxas work is shared
     for policy, forwards in [(None, 1), ("save_attn", 1), ("nothing", 2)]:
         fn = _model if policy is None else jax.checkpoint(_model, policy=policies[policy])
         compiled = _compile(jax.value_and_grad(fn, argnums=(1, 2)), *args, options=options)

@@ -23,7 +23,6 @@ from jaxckpt.attention import AttentionInputs, full_mask, normalize
 from jaxckpt.attention._blockwise import blockwise_attention
 from jaxckpt.attention._cudnn import cudnn_attention, named_residual_attention
 from jaxckpt.attention._jax_nn import seen_rows
-from jaxckpt.plan import _compile as plan_compile
 from jaxckpt.remat import Tag
 
 FWD = re.compile(r'custom_call_target="__cudnn\$fmha\w*Softmax"')
@@ -52,14 +51,11 @@ def _cudnn_calls_per_scan_body(text: str) -> list[tuple[int, int]]:
 
 
 @pytest.mark.gpu_compile
-def test_train_step_keeps_cudnn_attention_out_of_the_recomputation(tmp_path, monkeypatch):
+def test_train_step_keeps_cudnn_attention_out_of_the_recomputation():
     """The three presets' steps differ in what the backward recomputes, not in their kernels
-    (the matmuls, norms, the loss and the optimizer): one test compiles the three through
-    XLA:GPU's kernel cache file (``xla_gpu_kernel_cache_file``, keyed by each kernel's HLO), so
-    the first compile builds the kernels and the other two reuse them. The HLO is the same."""
-    cache = {"xla_gpu_kernel_cache_file": str(tmp_path / "xla_gpu_kernels.bin")}
-    options = plan_compile.compiler_options
-    monkeypatch.setattr(plan_compile, "compiler_options", lambda *a, **k: {**options(*a, **k), **cache})
+    (the matmuls, norms, the loss and the optimizer): one test compiles the three, so the
+    first compile builds the kernels and the other two reuse them from ``compile_step``'s
+    kernel cache (``plan._targets.kernel_cache_options``). The HLO is the same."""
     cfg = nn.TransformerConfig.preset("tiny", n_layers=3, dtype="bfloat16")
     sgd = train.OptimizerConfig(name="sgd")
     workload = plan.Workload(cfg, batch=3, seq=48, optimizer=sgd, attention="cudnn")
