@@ -15,6 +15,10 @@ gradient is compared with the uncompressed one of its preset:
 * globally: the same over every parameter's gradient flattened together;
 * the worst parameter: the one of largest relative error (its cosine beside it).
 
+For scale, the same comparison between the uncompressed gradients of two different batches
+(``batch_noise``: the noise every step of training has anyway), and each layer input's own
+round-trip error (``layer_input_roundtrip``).
+
 The forward pass is exact, so the losses are equal (checked: bit for bit); a run in which
 every compressed gradient equals its uncompressed one exits 1 (the compression did not act).
 
@@ -116,21 +120,31 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray], where) -> dict:
     }
 
 
-def roundtrip(hidden: list[np.ndarray], formats) -> dict:
+def roundtrip(hidden: list[np.ndarray], weights: list[np.ndarray], eps: float, formats) -> dict:
     """Why the layer input is the hard tag: per layer, the relative L2 error of its own
-    round trip through each format (group 128), its largest |value| and its RMS (a few
+    round trip through each format (group 128), and of the attention norm's output computed
+    from it (what the layer's projections read), with its largest |value| and its RMS. A few
     feature channels of a pretrained model's residual stream hold values hundreds of times
-    the others', and set their group's scale)."""
+    the others' and set their group's scale: the L2 error of the input, which those channels
+    dominate, stays small, while the normed values of the other channels, which the norm's
+    weight scales up, lose their low bits."""
+
+    def normed(x, w):
+        return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * w
+
     out = {
         "absmax": [float(np.abs(h).max()) for h in hidden],
         "rms": [float(np.sqrt((h**2).mean())) for h in hidden],
     }
     for fmt in formats:
-        errs = []
-        for h in hidden:
+        errs, norm_errs = [], []
+        for h, w in zip(hidden, weights, strict=True):
             back = np.asarray(remat.dequantize(remat.quantize(jnp.asarray(h), fmt)))
             errs.append(float(np.linalg.norm(back - h) / np.linalg.norm(h)))
+            a, b = normed(h, w), normed(back, w)
+            norm_errs.append(float(np.linalg.norm(b - a) / np.linalg.norm(a)))
         out[fmt] = errs
+        out[f"{fmt}_normed"] = norm_errs
     return out
 
 
@@ -154,11 +168,15 @@ def measure(args, log) -> dict:
     )
     train_tokens, _ = smollm2.corpus_tokens(path)
     tokens = jnp.asarray(smollm2.random_windows(train_tokens, np.random.default_rng(0), args.batch, args.seq))
-    inputs = roundtrip(smollm2.layer_inputs(np.asarray(tokens[:, :-1]), path), args.formats)
+    inputs = roundtrip(*smollm2.layer_inputs(np.asarray(tokens[:, :-1]), path), args.formats)
     peak = max(a / r for a, r in zip(inputs["absmax"], inputs["rms"], strict=True))
     log(
         "layer inputs' own round trip, relative L2 over layers (min / max): "
         + ", ".join(f"{f} {min(inputs[f]):.1e} / {max(inputs[f]):.1e}" for f in args.formats)
+        + "; of the normed input: "
+        + ", ".join(
+            f"{f} {min(inputs[f + '_normed']):.1e} / {max(inputs[f + '_normed']):.1e}" for f in args.formats
+        )
         + f"; largest |value| / RMS up to {peak:.0f}"
     )
     _, params, _ = nnx.split(model, nnx.Param, ...)
@@ -207,6 +225,19 @@ def measure(args, log) -> dict:
         result.setdefault("loss", {})[preset] = ref_loss
         write_json(out, result)
         log(f"{preset}: {len(rows)} compressed gradients in {time.perf_counter() - t0:.0f} s")
+    if "batch_noise" not in result:
+        # The scale of a step's own noise: the same comparison between two batches' gradients.
+        other = jnp.asarray(
+            smollm2.random_windows(train_tokens, np.random.default_rng(1), args.batch, args.seq)
+        )
+        grads = gradient_fn(model, remat.get("full"))
+        noise = compare(grads(tokens)[1], grads(other)[1], where)
+        result["batch_noise"] = {k: noise[k] for k in ("global_rel", "global_cos", "rel", "cos")}
+        log(
+            f"another batch's gradient (uncompressed): global rel {noise['global_rel']:.2e} "
+            f"cos {noise['global_cos']:.4f}"
+        )
+        write_json(out, result)
     return result
 
 

@@ -25,7 +25,9 @@ its losses to ``results/compress_train_s{seed}_{fmt}.json`` as it goes (every
 ``--write-every`` steps) and an orbax checkpoint (model + optimizer, only the newest kept)
 every ``--checkpoint-every`` steps, in ``smollm2.cache_dir()``; ``--resume`` goes on from the
 newest checkpoint of each unfinished run (the losses after it are recomputed) and skips the
-finished ones. A finished run's checkpoint is deleted. Run it at the lowest priority::
+finished ones. A finished run's checkpoint is deleted. The three runs of a seed take turns,
+``--chunk`` steps each (checkpointed at each turn's end), so that a partial result compares
+them at the same step. Run it at the lowest priority::
 
     nohup nice -n 19 python benchmarks/quality/bench_compress_train.py --resume > train.log 2>&1 &
     python benchmarks/quality/bench_compress_train.py --summary      # the table from the JSONs
@@ -128,23 +130,27 @@ def config_of(args) -> dict:
     }
 
 
-def train_run(args, seed: int, fmt: str, data, log) -> dict:
-    """Trains (or resumes) one run; returns its record."""
+def train_run(args, seed: int, fmt: str, data, log, until: int | None = None, resume: bool = False) -> dict:
+    """Trains (or, with ``resume``, goes on with) one run up to step ``until`` (default: the
+    end), checkpointed there when it is not the end; returns its record."""
+    until = args.steps if until is None else min(until, args.steps)
     tokens, windows = data
-    path, ckpt = run_path(args.out, seed, fmt), smollm2.cache_dir() / "compress_train" / f"s{seed}_{fmt}"
-    record = json.loads(path.read_text()) if args.resume and path.is_file() else None
+    path, ckpt = run_path(args.out, seed, fmt), args.checkpoints / f"s{seed}_{fmt}"
+    record = json.loads(path.read_text()) if resume and path.is_file() else None
     if record and record.get("finished"):
         log(f"seed {seed} {fmt}: finished, {record['steps_done']} steps")
         return record
+    saved = train.latest_step(ckpt) if record else None
+    if saved is not None and saved >= until:  # this turn is done (a later step's losses are redone)
+        return _trimmed(record, saved)
     spec = spec_of(args.preset, fmt)
     trainer = train.Trainer(smollm2.load_model(), optimizer=optimizer(args), remat=spec, seed=seed)
     start = 0
-    if record and train.latest_step(ckpt) is not None:
+    if saved is not None:
         start, trainer.state = train.restore_checkpoint(ckpt, trainer.state)
         log(f"seed {seed} {fmt}: resumed at step {start}")
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
-    if record is None or start == 0:
         record = {
             "seed": seed,
             "format": fmt,
@@ -156,16 +162,14 @@ def train_run(args, seed: int, fmt: str, data, log) -> dict:
             "steps_done": 0,
             "finished": False,
         }
-    record["train_loss"] = record["train_loss"][:start]
-    record["step_seconds"] = record["step_seconds"][:start]
-    record["eval"] = [e for e in record["eval"] if e[0] <= start]
+    record = _trimmed(record, start)
     loss_fn = eval_fn()
     if (not record["eval"] or record["eval"][-1][0] < start) and start % args.eval_every == 0:
         record["eval"].append([start, evaluate(loss_fn, trainer.model, windows)])
     t0 = time.perf_counter()
     trainer.compile((1, args.batch, args.seq + 1))
     record["compile_seconds"] = time.perf_counter() - t0
-    for step in range(start, args.steps):
+    for step in range(start, until):
         batch = batch_at(tokens, seed, step, args.batch, args.seq)
         t0 = time.perf_counter()
         loss = float(trainer.step(batch))
@@ -176,7 +180,7 @@ def train_run(args, seed: int, fmt: str, data, log) -> dict:
         if done % args.eval_every == 0 or done == args.steps:
             record["eval"].append([done, evaluate(loss_fn, trainer.model, windows)])
             log(f"seed {seed} {fmt}: step {done} train {loss:.4f} eval {record['eval'][-1][1]:.4f}")
-        if done % args.checkpoint_every == 0 and done < args.steps:
+        if (done % args.checkpoint_every == 0 or done == until) and done < args.steps:
             write_json(path, record)
             train.save_checkpoint(ckpt, done, trainer.state, {"seed": seed, "format": fmt})
             for old in ckpt.iterdir():  # keep the newest only: 1.6 GB each
@@ -188,6 +192,15 @@ def train_run(args, seed: int, fmt: str, data, log) -> dict:
     write_json(path, record)
     if record["finished"]:
         shutil.rmtree(ckpt, ignore_errors=True)
+    return record
+
+
+def _trimmed(record: dict, step: int) -> dict:
+    """``record`` as it was at step ``step`` (its checkpoint's)."""
+    record["train_loss"] = record["train_loss"][:step]
+    record["step_seconds"] = record["step_seconds"][:step]
+    record["eval"] = [e for e in record["eval"] if e[0] <= step]
+    record["steps_done"] = step
     return record
 
 
@@ -332,10 +345,22 @@ def main(argv=None) -> int:
     p.add_argument("--eval-windows", type=int, default=16)
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--write-every", type=int, default=5)
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=50,
+        help="a seed's runs take turns, this many steps each (0: one after another)",
+    )
     p.add_argument("--resume", action="store_true", help="go on from each run's newest checkpoint")
     p.add_argument("--summary", action="store_true", help="print the table from the JSONs and exit")
     p.add_argument("--time-steps", type=int, default=0, help="time N steps of each spec round-robin and exit")
     p.add_argument("--out", type=Path, default=RESULTS, help="the folder of the JSON results")
+    p.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=smollm2.cache_dir() / "compress_train",
+        help="the folder of the runs' checkpoints (default: in the benchmark cache)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke: 4 steps at T=64, one seed, no JSON")
     args = p.parse_args(argv)
     console = Console()
@@ -354,13 +379,18 @@ def main(argv=None) -> int:
         import tempfile
 
         args.steps, args.seq, args.seeds, args.eval_every, args.eval_windows = 4, 64, [0], 2, 2
-        args.checkpoint_every, args.warmup, args.out = 2, 1, Path(tempfile.mkdtemp())
+        args.checkpoint_every, args.warmup, args.chunk = 2, 1, 2
+        args.out = Path(tempfile.mkdtemp())
+        args.checkpoints = args.out / "checkpoints"
     log(f"train {len(train_tokens)} tokens, eval {len(eval_tokens)} tokens")
     windows = smollm2.eval_windows(eval_tokens, args.seq, args.eval_windows)
-    for seed in args.seeds:
-        for fmt in args.formats:
-            record = train_run(args, seed, fmt, (train_tokens, windows), log)
-            log(f"seed {seed} {fmt}: {record['steps_done']} steps, final train {final_train(record)}")
+    chunk = args.chunk or args.steps
+    for seed in args.seeds:  # a seed's runs take turns, chunk steps each, so they stay comparable
+        for until in range(chunk, args.steps + chunk, chunk):
+            for fmt in args.formats:
+                resume = args.resume or until > chunk  # a later turn goes on from the earlier one
+                record = train_run(args, seed, fmt, (train_tokens, windows), log, until, resume)
+                log(f"seed {seed} {fmt}: {record['steps_done']} steps, final train {final_train(record)}")
     print_summary(console, summary(args.out, args.seeds, args.steps))
     return 0
 

@@ -169,13 +169,17 @@ def logits_check(model, path: Path | None = None, n_tokens: int = 32) -> dict:
     }
 
 
-def layer_inputs(tokens: np.ndarray, path: Path | None = None) -> list[np.ndarray]:
+def layer_inputs(
+    tokens: np.ndarray, path: Path | None = None
+) -> tuple[list[np.ndarray], list[np.ndarray], float]:
     """Each layer's input (the residual stream entering it, ``[B, T, D]`` float32) on
-    ``tokens [B, T]``: transformers' ``hidden_states`` but the last (the final norm's input)."""
+    ``tokens [B, T]`` (transformers' ``hidden_states`` but the last, the final norm's input),
+    each layer's attention-norm weight ``[D]``, and the norms' epsilon."""
     import torch
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path or hf_checkpoint(), dtype=torch.float32)
     with torch.no_grad():
         out = hf(torch.from_numpy(np.asarray(tokens, np.int64)), output_hidden_states=True)
-    return [h.numpy() for h in out.hidden_states[:-1]]
+    weights = [layer.input_layernorm.weight.detach().numpy() for layer in hf.model.layers]
+    return [h.numpy() for h in out.hidden_states[:-1]], weights, float(hf.config.rms_norm_eps)

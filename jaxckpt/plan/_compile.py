@@ -116,7 +116,7 @@ def compile_step(
     """
     target = None if target is None else compile_target(target)
     gpu = target is not None and target.platform == "gpu"
-    options = {**compiler_options(gemm, autotune_results), **kernel_cache_options()} if gpu else {}
+    options = {**compiler_options(gemm, autotune_results), **kernel_cache_options(target.name)} if gpu else {}
     spec = get_remat(remat)
     model, opt = abstract_train_state(workload.config, workload.optimizer)
     model.set_attention(workload.attention)

@@ -84,7 +84,7 @@ def _kernel_cache_dir() -> str:
     return path
 
 
-def kernel_cache_options() -> dict:
+def kernel_cache_options(target: str = "any") -> dict:
     """XLA:GPU's kernel cache for the deviceless compiles of this process: a compile reuses the
     kernels (PTX compiled by ``ptxas``) of the earlier ones whose fused computations are the
     same, as the solver's candidates of one model mostly are. The buffer assignment, and so
@@ -92,19 +92,20 @@ def kernel_cache_options() -> dict:
     compile's time is ``ptxas``, and the cache spared 30% of the CPU time of the planner's
     GPU tests.
 
-    The file is one process's: XLA rewrites it whole after each compile, and a process that
-    read it while another wrote it would fail to parse it, so it is never shared. A cache
-    file the user names in ``XLA_FLAGS`` (``--xla_gpu_kernel_cache_file``) is left alone.
+    The file is one process's and one ``target``'s: XLA rewrites it whole after each compile
+    (a process that read it while another wrote it would fail to parse it), and its kernels
+    are compiled for one GPU architecture. A cache file the user names in ``XLA_FLAGS``
+    (``--xla_gpu_kernel_cache_file``) is left alone.
 
     Example:
         >>> from jaxckpt.plan._targets import kernel_cache_options
-        >>> options = kernel_cache_options()
-        >>> options == {} or options["xla_gpu_kernel_cache_file"].endswith("kernels.bin")
+        >>> options = kernel_cache_options("h100-80g")
+        >>> options == {} or options["xla_gpu_kernel_cache_file"].endswith("h100-80g.bin")
         True
     """
     if "xla_gpu_kernel_cache_file" in os.environ.get("XLA_FLAGS", ""):
         return {}
-    return {"xla_gpu_kernel_cache_file": str(Path(_kernel_cache_dir()) / "kernels.bin")}
+    return {"xla_gpu_kernel_cache_file": str(Path(_kernel_cache_dir()) / f"{target}.bin")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,7 +111,7 @@ def test_saved_tags_keep_the_forward_kernel_out_of_the_recompute():
         "nothing": jax.checkpoint_policies.nothing_saveable,
     }
     args = (_sd((2, 256, 96), jnp.bfloat16), _sd((96, 768), jnp.bfloat16), _sd((256, 96), jnp.bfloat16))
-    options = kernel_cache_options()  # XLA:GPU's kernel cache: the Triton and ptxas work is shared
+    options = kernel_cache_options("h100-80g")  # XLA:GPU's kernel cache: the Triton and ptxas work is shared
     for policy, forwards in [(None, 1), ("save_attn", 1), ("nothing", 2)]:
         fn = _model if policy is None else jax.checkpoint(_model, policy=policies[policy])
         compiled = _compile(jax.value_and_grad(fn, argnums=(1, 2)), *args, options=options)
