@@ -260,6 +260,13 @@ def print_table(console, result: dict) -> None:
             "yes" if r["loss_equal"] else "NO",
         )
     console.print(t)
+    noise = result.get("batch_noise")
+    if noise:
+        console.print(
+            f"for scale, two batches' uncompressed gradients ('full'): global rel {noise['global_rel']:.2e} "
+            f"cos {noise['global_cos']:.4f}",
+            highlight=False,
+        )
 
 
 def main(argv=None) -> int:
