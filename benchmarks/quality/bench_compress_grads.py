@@ -254,7 +254,7 @@ def print_table(console, result: dict) -> None:
             f"{r['preset']} / {r['format']} / {r['tags']}",
             f"{r['global_rel']:.2e}",
             f"{r['global_cos']:.6f}",
-            names[r["worst"]],
+            names[r["worst"]] if r["worst_rel"] > 0 else "(none: every error is 0)",
             f"{r['worst_rel']:.2e}",
             f"{r['worst_cos']:.6f}",
             "yes" if r["loss_equal"] else "NO",
