@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="smoke: 4 steps at T=64, one seed, no JSON")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(width=150)
     log = lambda s: console.print(s, highlight=False)
     if args.summary:
         print_summary(console, summary(args.out, args.seeds, args.steps))
