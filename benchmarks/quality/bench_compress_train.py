@@ -23,11 +23,14 @@ same seed.
 It is long on a shared 2-core CPU (a step is seconds), so it is resumable: each run writes
 its losses to ``results/compress_train_s{seed}_{fmt}.json`` as it goes (every
 ``--write-every`` steps) and an orbax checkpoint (model + optimizer, only the newest kept)
-every ``--checkpoint-every`` steps, in ``smollm2.cache_dir()``; ``--resume`` goes on from the
-newest checkpoint of each unfinished run (the losses after it are recomputed) and skips the
-finished ones. A finished run's checkpoint is deleted. The three runs of a seed take turns,
-``--chunk`` steps each (checkpointed at each turn's end), so that a partial result compares
-them at the same step. Run it at the lowest priority::
+every ``--checkpoint-every`` steps, in ``smollm2.cache_dir()`` (1.6 GB each; a run keeps only
+its newest, deleted before the next is written, and a failed write is logged, not fatal);
+``--resume`` goes on from the newest checkpoint of each unfinished run (the losses after it
+are recomputed) and skips the finished ones. A finished run's checkpoint is deleted. By
+default the runs go one after another, so one checkpoint is on disk at a time; with
+``--chunk N`` the three runs of a seed take turns, N steps each (checkpointed at each turn's
+end), so that a partial result compares them at the same step, at three checkpoints' disk.
+Run it at the lowest priority::
 
     nohup nice -n 19 python benchmarks/quality/bench_compress_train.py --resume > train.log 2>&1 &
     python benchmarks/quality/bench_compress_train.py --summary      # the table from the JSONs
@@ -184,10 +187,7 @@ def train_run(args, seed: int, fmt: str, data, log, until: int | None = None, re
             log(f"seed {seed} {fmt}: step {done} train {loss:.4f} eval {record['eval'][-1][1]:.4f}")
         if (done % args.checkpoint_every == 0 or done == until) and done < args.steps:
             write_json(path, record)
-            train.save_checkpoint(ckpt, done, trainer.state, {"seed": seed, "format": fmt})
-            for old in ckpt.iterdir():  # keep the newest only: 1.6 GB each
-                if old.is_dir() and old.name.isdigit() and int(old.name) < done:
-                    shutil.rmtree(old, ignore_errors=True)
+            _checkpoint(ckpt, done, trainer.state, {"seed": seed, "format": fmt}, log)
         elif done % args.write_every == 0:
             write_json(path, record)
     record["finished"] = record["steps_done"] >= args.steps
@@ -195,6 +195,22 @@ def train_run(args, seed: int, fmt: str, data, log, until: int | None = None, re
     if record["finished"]:
         shutil.rmtree(ckpt, ignore_errors=True)
     return record
+
+
+def _checkpoint(ckpt: Path, step: int, state, meta: dict, log) -> None:
+    """Saves ``state`` as step ``step`` in place of the run's previous checkpoint, which is
+    deleted first: a checkpoint is 1.6 GB (the float32 model and AdamW's two moments), and a
+    shared disk may not hold two. A failed write (a full disk) is logged and training goes on
+    in memory; the run then resumes from its last good checkpoint, or from the start."""
+    if ckpt.is_dir():
+        for old in ckpt.iterdir():
+            if old.is_dir() and (old.name.isdigit() or old.name.endswith(".orbax-checkpoint-tmp")):
+                shutil.rmtree(old, ignore_errors=True)
+    try:
+        train.save_checkpoint(ckpt, step, state, meta)
+    except train.CheckpointWriteError as e:
+        shutil.rmtree(ckpt / str(step), ignore_errors=True)
+        log(f"checkpoint of step {step} not written, training goes on: {e}")
 
 
 def _trimmed(record: dict, step: int) -> dict:
@@ -352,7 +368,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-windows", type=int, default=16)
-    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--write-every", type=int, default=5)
     p.add_argument(
         "--chunk",
