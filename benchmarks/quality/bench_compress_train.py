@@ -26,10 +26,10 @@ its losses to ``results/compress_train_s{seed}_{fmt}.json`` as it goes (every
 every ``--checkpoint-every`` steps, in ``smollm2.cache_dir()`` (1.6 GB each; a run keeps only
 its newest, deleted before the next is written, and a failed write is logged, not fatal);
 ``--resume`` goes on from the newest checkpoint of each unfinished run (the losses after it
-are recomputed) and skips the finished ones. A finished run's checkpoint is deleted. By
-default the runs go one after another, so one checkpoint is on disk at a time; with
-``--chunk N`` the three runs of a seed take turns, N steps each (checkpointed at each turn's
-end), so that a partial result compares them at the same step, at three checkpoints' disk.
+are recomputed) and skips the finished ones. A finished run's checkpoint is deleted. The
+three runs of a seed take turns, ``--chunk`` steps each (50; checkpointed at each turn's
+end), so that a partial result compares them at the same step; that keeps three checkpoints
+on disk (4.8 GB). ``--chunk 0`` runs them one after another, one checkpoint at a time.
 Run it at the lowest priority::
 
     nohup nice -n 19 python benchmarks/quality/bench_compress_train.py --resume > train.log 2>&1 &
