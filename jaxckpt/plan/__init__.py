@@ -5,8 +5,7 @@ base if any; the global batch, the sequence length, micro-batches, the optimizer
 moments' dtype and where its state lives, where the master weights live, and FSDP
 devices) and, where it asks about one, a remat spec:
 
-* ``measure``: XLA's own figures for the compiled step (abstract inputs, nothing allocated);
-  ``measure_fn`` the same for any function of abstract inputs, ``explain`` where its peak comes from.
+* ``measure``: XLA's own figures for the compiled step (abstract inputs, nothing allocated).
 * ``predict`` / ``choice``: the analytic model (``layer_graph``: per-tag bytes and FLOPs of one layer).
 * ``plan_memory``: the cheapest remat spec under a budget, verified by ``measure`` (and,
   with ``split_batch``, the fewest micro-batches that fit); ``preset_table`` puts it next
@@ -16,8 +15,7 @@ devices) and, where it asks about one, a remat spec:
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
 ``_devices``, ``_tpu_targets``, ``_targets``, ``_compilers``, ``_specs``, ``_state``, ``_layer_costs``,
-``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``, ``_buffer_assignment``,
-``_explain``, ``_working_set``,
+``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``, ``_working_set``,
 ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_solver``, ``_table``, ``_auto``, ``_max_seq``.
 
 Compressed residuals (``RematSpec.compress``, int8 / fp8) are priced throughout: their stored
@@ -39,11 +37,12 @@ from jaxckpt.plan._compile import compile_step
 from jaxckpt.plan._compression import COMPRESS_FLOPS, compressed_tag_bytes, compressible_tags
 from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
-from jaxckpt.plan._explain import KINDS, Buffer, Explanation, explain
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._max_seq import MaxSeqAnswer, SeqPlan, describe_max_seq, max_seq
-from jaxckpt.plan._measure import CPU_CAVEAT, measure, measure_fn
+from jaxckpt.plan._measure import CPU_CAVEAT, measure
 from jaxckpt.plan._milp import solve
+from jaxckpt.plan._plan_fn import FnPlan, FnPrediction, ProgramModel, plan_fn, program_model
+from jaxckpt.plan._program_graph import Block, ProgramGraph, program_graph
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._state import state_bytes, trainable_bytes, tree_bytes, widened_bytes
@@ -71,17 +70,17 @@ __all__ = [
     "CPU_CAVEAT",
     "DEVICES",
     "GEMM_BACKENDS",
-    "KINDS",
     "MOMENTS_DTYPES",
     "OPTIMIZERS",
     "PLACEMENTS",
     "TARGETS",
     "TPU_CAVEAT",
+    "Block",
     "BudgetError",
-    "Buffer",
     "Choice",
     "DevicePreset",
-    "Explanation",
+    "FnPlan",
+    "FnPrediction",
     "GpuTarget",
     "LayerGraph",
     "MaxSeqAnswer",
@@ -89,6 +88,8 @@ __all__ = [
     "Prediction",
     "PresetRow",
     "PresetTable",
+    "ProgramGraph",
+    "ProgramModel",
     "SeqPlan",
     "Target",
     "TpuTarget",
@@ -103,7 +104,6 @@ __all__ = [
     "describe_max_seq",
     "device_preset",
     "deviceless",
-    "explain",
     "format_bytes",
     "gpu_aot_unavailable",
     "gpu_target",
@@ -111,11 +111,13 @@ __all__ = [
     "layer_graph",
     "max_seq",
     "measure",
-    "measure_fn",
     "parse_size",
+    "plan_fn",
     "plan_memory",
     "predict",
     "preset_table",
+    "program_graph",
+    "program_model",
     "quiet_plugins_without_devices",
     "resolve_auto",
     "roofline_seconds",

@@ -13,13 +13,17 @@ from jaxckpt.remat import DEFAULT_GROUP, Tag, compressed_bytes
 class Value:
     """One tensor of the layer: ``nbytes`` per layer, saved under ``tag`` (or untagged).
 
+    ``tag`` is a ``remat.Tag`` in the graphs of jaxckpt's own layers (``layer_graph``), and
+    any ``checkpoint_name`` (or a primitive's name, ``"dot_general:3"``) in one read off a
+    program (``program_graph``).
+
     ``rows`` x ``features``: its shape as the compressed remat sees it, the last axis (the
     one ``remat.quantize`` cuts into groups) and the product of the others; 0 where the value
     is never compressed (untagged, or the float32 log-sum-exp).
     """
 
     name: str
-    tag: Tag | None
+    tag: Tag | str | None
     nbytes: int
     rows: int = 0
     features: int = 0

@@ -131,7 +131,8 @@ def solve(
 
 
 class _Program:
-    """The MILP's variables and rows: ``keep_t``, ``off_t``, ``ckeep_t``, ``coff_t`` per tag,
+    """The MILP's variables and rows: ``keep_t``, ``off_t``, ``ckeep_t``, ``coff_t`` per tag (a
+    ``remat.Tag``, or any name of a graph read off a program: ``plan_fn``),
     then ``run_o`` per op, then ``off_x``, ``cx``, ``cox`` (the layer inputs in host memory,
     compressed on the device, compressed in host memory)."""
 
@@ -314,8 +315,24 @@ class _Program:
         return (COMPRESS_FLOPS * elements + moved) / 1e9
 
     def solve(self, device: DevicePreset) -> RematSpec | None:
+        """The least-cost choice (``choose``) as a spec; None when infeasible."""
+        chosen = self.choose(device)
+        if chosen is None:
+            return None
+        compressed = {t for t in self.tags if chosen[self.ckeep[t]] or chosen[self.coff[t]]}
+        if chosen[self.cx] or chosen[self.cox]:
+            compressed.add(Tag.LAYER_INPUT)
+        boundary = {Tag.LAYER_INPUT} if chosen[self.off_x] or chosen[self.cox] else set()
+        return RematSpec(
+            save={t for t in self.tags if chosen[self.keep[t]] or chosen[self.ckeep[t]]},
+            offload={t for t in self.tags if chosen[self.off[t]] or chosen[self.coff[t]]} | boundary,
+            compress=dict.fromkeys(compressed, self.fmt),
+        )
+
+    def choose(self, device: DevicePreset) -> "np.ndarray | None":
         """The least-cost choice (GFLOP: an offloaded byte costs what the device computes while
-        it crosses twice, a compressed one its (de)quantization), as a spec; None when infeasible."""
+        it crosses twice, a compressed one its (de)quantization): the 0/1 value of each
+        variable; None when infeasible."""
         cost = np.zeros(self.size)
         for op in self.ops:
             cost[self.run[op.name]] = op.flops / 1e9
@@ -342,13 +359,4 @@ class _Program:
         )
         if result.status != 0:
             return None
-        chosen = np.round(result.x).astype(int)
-        compressed = {t for t in self.tags if chosen[self.ckeep[t]] or chosen[self.coff[t]]}
-        if chosen[self.cx] or chosen[self.cox]:
-            compressed.add(Tag.LAYER_INPUT)
-        boundary = {Tag.LAYER_INPUT} if chosen[self.off_x] or chosen[self.cox] else set()
-        return RematSpec(
-            save={t for t in self.tags if chosen[self.keep[t]] or chosen[self.ckeep[t]]},
-            offload={t for t in self.tags if chosen[self.off[t]] or chosen[self.coff[t]]} | boundary,
-            compress=dict.fromkeys(compressed, self.fmt),
-        )
+        return np.round(result.x).astype(int)

@@ -61,8 +61,17 @@ class ForeignModel:
     tagged: bool = False
 
     def step_fn(self, policy=None) -> Callable:
-        """The train step with ``policy`` on each block (None: no ``jax.checkpoint``)."""
-        return self.make_step(policy)
+        """The train step with ``policy`` on each block (None: no ``jax.checkpoint``), traced
+        under JAX's default promotion rules (a user's: the suite is stricter, and optax's
+        update promotes its int32 step count)."""
+        step = self.make_step(policy)
+
+        @functools.wraps(step)
+        def traced_as_users_do(*args):
+            with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
+                return step(*args)
+
+        return traced_as_users_do
 
 
 def _abstract(tree):
@@ -136,7 +145,7 @@ class ViT(nnx.Module):
 
     def __call__(self, images):
         x = self.embed(images)
-        x = x.reshape(x.shape[0], -1, x.shape[-1]) + self.pos[...]
+        x = x.reshape(x.shape[0], -1, x.shape[-1]) + self.pos[None]
 
         def run(block, x):
             return block(x)
@@ -311,7 +320,7 @@ def _init_plain(key, features: int, dim: int, hidden: int, depth: int, classes: 
     k = iter(jax.random.split(key, 6))
 
     def dense(key, shape):
-        return jax.random.normal(key, shape) / jnp.sqrt(shape[-2])
+        return jax.random.normal(key, shape) * shape[-2] ** -0.5
 
     return {
         "embed": dense(next(k), (features, dim)),
@@ -329,8 +338,8 @@ def plain_block(p, x):
     """A pre-norm residual MLP block: ``x + gelu(norm(x) @ w1 + b1) @ w2``."""
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    h = (x - mean) * jax.lax.rsqrt(var + 1e-6) * p["scale"]
-    return x + jax.nn.gelu(h @ p["w1"] + p["b1"]) @ p["w2"]
+    h = (x - mean) * jax.lax.rsqrt(var + 1e-6) * p["scale"][None, None]
+    return x + jax.nn.gelu(h @ p["w1"] + p["b1"][None, None]) @ p["w2"]
 
 
 @functools.cache
