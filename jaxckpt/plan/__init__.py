@@ -5,7 +5,8 @@ base if any; the global batch, the sequence length, micro-batches, the optimizer
 moments' dtype and where its state lives, where the master weights live, and FSDP
 devices) and, where it asks about one, a remat spec:
 
-* ``measure``: XLA's own figures for the compiled step (abstract inputs, nothing allocated).
+* ``measure``: XLA's own figures for the compiled step (abstract inputs, nothing allocated);
+  ``measure_fn`` the same for any function of abstract inputs, ``explain`` where its peak comes from.
 * ``predict`` / ``choice``: the analytic model (``layer_graph``: per-tag bytes and FLOPs of one layer).
 * ``plan_memory``: the cheapest remat spec under a budget, verified by ``measure`` (and,
   with ``split_batch``, the fewest micro-batches that fit); ``preset_table`` puts it next
@@ -15,7 +16,8 @@ devices) and, where it asks about one, a remat spec:
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
 ``_devices``, ``_tpu_targets``, ``_targets``, ``_compilers``, ``_specs``, ``_state``, ``_layer_costs``,
-``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``, ``_working_set``,
+``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``, ``_buffer_assignment``,
+``_explain``, ``_working_set``,
 ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_solver``, ``_table``, ``_auto``, ``_max_seq``.
 
 Compressed residuals (``RematSpec.compress``, int8 / fp8) are priced throughout: their stored
@@ -37,9 +39,10 @@ from jaxckpt.plan._compile import compile_step
 from jaxckpt.plan._compression import COMPRESS_FLOPS, compressed_tag_bytes, compressible_tags
 from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
+from jaxckpt.plan._explain import KINDS, Buffer, Explanation, explain
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._max_seq import MaxSeqAnswer, SeqPlan, describe_max_seq, max_seq
-from jaxckpt.plan._measure import CPU_CAVEAT, measure
+from jaxckpt.plan._measure import CPU_CAVEAT, measure, measure_fn
 from jaxckpt.plan._milp import solve
 from jaxckpt.plan._plan_fn import FnPlan, FnPrediction, ProgramModel, plan_fn, program_model
 from jaxckpt.plan._program_graph import Block, ProgramGraph, program_graph
@@ -70,6 +73,7 @@ __all__ = [
     "CPU_CAVEAT",
     "DEVICES",
     "GEMM_BACKENDS",
+    "KINDS",
     "MOMENTS_DTYPES",
     "OPTIMIZERS",
     "PLACEMENTS",
@@ -77,8 +81,10 @@ __all__ = [
     "TPU_CAVEAT",
     "Block",
     "BudgetError",
+    "Buffer",
     "Choice",
     "DevicePreset",
+    "Explanation",
     "FnPlan",
     "FnPrediction",
     "GpuTarget",
@@ -104,6 +110,7 @@ __all__ = [
     "describe_max_seq",
     "device_preset",
     "deviceless",
+    "explain",
     "format_bytes",
     "gpu_aot_unavailable",
     "gpu_target",
@@ -111,6 +118,7 @@ __all__ = [
     "layer_graph",
     "max_seq",
     "measure",
+    "measure_fn",
     "parse_size",
     "plan_fn",
     "plan_memory",
