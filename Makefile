@@ -57,6 +57,16 @@ docs: setup
 test-fast: lint
 	$(PYTEST) -m "not slow and not gpu_compile and not tpu_compile" tests
 
+# The browser tests (marker `browser`): the page `jaxckpt plan --explain --plot FILE.html` draws,
+# loaded in real headless Chromium, Debian's package, installed here when it is missing (as root,
+# or through sudo). `make test` runs them too where Chromium is installed and skips them, saying
+# so, where it is not.
+.PHONY: test-browser
+test-browser: setup
+	command -v chromium >/dev/null || { $$(test "$$(id -u)" = 0 || echo sudo) apt-get update && \
+		$$(test "$$(id -u)" = 0 || echo sudo) apt-get install -y chromium; }
+	$(PYTEST) -m browser tests/browser
+
 # The XLA FFI attention library of npu_backend (npu_backend/ffi/build/). Rebuilds only when
 # its sources change; with no C++ compiler it says so and exits 0 (the FFI tests then skip).
 .PHONY: ffi

@@ -34,14 +34,21 @@ Example:
     $ jaxckpt plan --model tiny --batch 2 --seq 64 --budget 20MiB --compress int8
     (every row is its preset with what it keeps stored in int8, as jaxckpt train --compress
     int8 trains it: full+int8, save_attn+int8, ...)
+
+    $ jaxckpt plan --model tiny --batch 2 --seq 64 --budget 20MiB --explain --plot peak.html
+    (after the table, the largest contributors at the chosen spec's peak, from XLA's buffer
+    assignment (plan.explain_workload), and its live-bytes timeline stacked by kind, drawn
+    into peak.html; --force replaces an existing file)
 """
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.measure import Measurement
+from rich.table import Table
 
 from jaxckpt import nn, plan, remat
 from jaxckpt.attention import CONTEXT_PARALLEL_STRATEGIES
@@ -200,6 +207,20 @@ def add_parser(sub) -> None:
         help="with a GPU --device: XLA autotune results dumped on such a GPU "
         "(--xla_gpu_dump_autotune_results_to), used instead of bracketing the GEMM emitters",
     )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also print the largest contributors at the peak of the chosen (or --remat) spec, read "
+        "from XLA's buffer assignment: parameters, optimizer state, gradients, residuals by tag, "
+        "temporaries by op",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="draw the chosen (or --remat) spec's live bytes over the compiled program, stacked by "
+        "kind, into FILE.html (a page with hover) or FILE.png",
+    )
+    p.add_argument("--force", action="store_true", help="with --plot: replace an existing FILE")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(run=run, flags=PLAN_FLAGS)
 
@@ -264,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--host-memory bounds the --max-seq search: give --max-seq")
     if args.max_seq == (args.seq is not None):
         raise ValueError("give one of --seq N (plan that length) and --max-seq (the longest that fits)")
+    plot_path(args)
     config, dtype_note = model_config(args, device)
     workload = plan.Workload(
         config,
@@ -306,6 +328,10 @@ def run(args: argparse.Namespace) -> int:
     )
     result = answer.to_dict()
     result["notes"] = notes
+    why = None
+    if answer.chosen is not None and (args.explain or args.plot):
+        why = plan.explain_workload(answer.chosen.workload, answer.chosen.spec, target=target)
+        result["explain"] = explain_dict(why)
     if answer.error is not None:  # the planner's hints name arguments: the table names flags
         flags = {**FLAGS, **PLAN_FLAGS}
         if args.budget is None:  # the budget is the device's memory
@@ -326,6 +352,8 @@ def run(args: argparse.Namespace) -> int:
             estimate = roofline_line(result["chosen"], args.device, label) if args.device else None
             if estimate:
                 console.print(estimate)
+    if why is not None:
+        show_explanation(args, why, f"{args.model} {answer.chosen.remat}")
     if answer.error is not None:
         print(f"jaxckpt plan: {result['error']}", file=sys.stderr)
         return 1
@@ -367,6 +395,10 @@ def check(
         "notes": notes,
         "caveat": plan.CPU_CAVEAT if target is None else plan.compile_target(target).caveat,
     }
+    why = None
+    if args.explain or args.plot:
+        why = plan.explain_workload(workload, spec, target=target)
+        result["explain"] = explain_dict(why)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -379,7 +411,77 @@ def check(
         )
         if measured.collective_bytes is not None:
             print(f"communication: {plan.format_bytes(measured.collective_bytes)} per device per step")
+    if why is not None:
+        show_explanation(args, why, f"{args.model} {name}")
     return 0 if result["fits"] else 1
+
+
+def plot_path(args: argparse.Namespace):
+    """``--plot``'s file, checked before anything is compiled: a ``.html`` or ``.png`` that does
+    not exist yet (or ``--force``)."""
+    if (args.explain or args.plot) and args.max_seq:
+        raise ValueError("--explain and --plot show one step: give --seq N, not --max-seq")
+    if args.plot is None:
+        if args.force:
+            raise ValueError("--force replaces the file --plot FILE draws: give --plot")
+        return None
+    path = Path(args.plot)
+    if path.suffix.lower() not in plan.PLOT_SUFFIXES:
+        raise ValueError(
+            f"--plot {args.plot}: the suffix {path.suffix!r} is not one of {', '.join(plan.PLOT_SUFFIXES)}"
+        )
+    if path.exists() and not args.force:
+        raise ValueError(f"--plot {args.plot} exists; give --force to replace it")
+    return path
+
+
+def show_explanation(args: argparse.Namespace, why: plan.Explanation, title: str) -> None:
+    """``--explain`` and ``--plot``: the top contributors at the peak printed (``--json`` has
+    them in its ``explain``), the timeline drawn."""
+    if not args.json and args.explain:
+        console = Console()
+        t = explain_table(why)
+        wide = console.options.update_width(1000)
+        console.width = max(console.width, Measurement.get(console, wide, t).maximum)  # never wrap it
+        console.print(t)
+        console.print(why.describe())
+    if args.plot:
+        written = plan.save_timeline(why, args.plot, force=args.force, title=title)
+        if not args.json:
+            print(f"timeline drawn into {written}")
+
+
+def explain_table(why: plan.Explanation, top: int = 10) -> Table:
+    """The ``top`` largest categories at the peak: bytes, share of the compiler's peak, how
+    many buffers, the largest of them and its source line."""
+    t = Table(
+        title=f"At the peak ({why.measured_on}, point {why.peak_index} of {len(why.timeline)})",
+        caption=f"{why.attributed:.1%} of the compiler's peak {plan.format_bytes(why.peak_bytes)} named",
+    )
+    for column in ("category", "bytes", "of peak", "buffers", "largest buffer", "source"):
+        t.add_column(column, justify="right" if column in ("bytes", "of peak", "buffers") else "left")
+    for row in why.top(top):
+        t.add_row(
+            row["category"],
+            plan.format_bytes(row["bytes"]),
+            f"{row['share']:.1%}",
+            str(row["buffers"]),
+            row["largest"],
+            row["source"],
+        )
+    return t
+
+
+def explain_dict(why: plan.Explanation, top: int = 10) -> dict:
+    """``--json``'s ``explain``: the figures and the top contributors, not the whole timeline."""
+    return {
+        "peak_bytes": why.peak_bytes,
+        "timeline_peak": why.timeline_peak,
+        "attributed": why.attributed,
+        "measured_on": why.measured_on,
+        "at_peak": why.at_peak,
+        "top": why.top(top),
+    }
 
 
 def longest(

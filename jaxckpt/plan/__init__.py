@@ -39,7 +39,8 @@ from jaxckpt.plan._compile import compile_step
 from jaxckpt.plan._compression import COMPRESS_FLOPS, compressed_tag_bytes, compressible_tags
 from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
-from jaxckpt.plan._explain import KINDS, Buffer, Explanation, explain
+from jaxckpt.plan._explain import KINDS, Buffer, Explanation, explain, explain_workload
+from jaxckpt.plan._explain_plot import PLOT_SUFFIXES, save_timeline
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._max_seq import MaxSeqAnswer, SeqPlan, describe_max_seq, max_seq
 from jaxckpt.plan._measure import CPU_CAVEAT, measure, measure_fn
@@ -77,6 +78,7 @@ __all__ = [
     "MOMENTS_DTYPES",
     "OPTIMIZERS",
     "PLACEMENTS",
+    "PLOT_SUFFIXES",
     "TARGETS",
     "TPU_CAVEAT",
     "Block",
@@ -111,6 +113,7 @@ __all__ = [
     "device_preset",
     "deviceless",
     "explain",
+    "explain_workload",
     "format_bytes",
     "gpu_aot_unavailable",
     "gpu_target",
@@ -129,6 +132,7 @@ __all__ = [
     "quiet_plugins_without_devices",
     "resolve_auto",
     "roofline_seconds",
+    "save_timeline",
     "solve",
     "spec_dict",
     "spec_name",

@@ -41,8 +41,10 @@ import numpy as np
 
 from jaxckpt._sizes import format_bytes
 from jaxckpt.plan._buffer_assignment import BufferAssignment, dump_options, no_cache_writes, read_dump
-from jaxckpt.plan._compile import compile_fn, compiled_report
+from jaxckpt.plan._compile import compile_fn, compiled_report, train_step_and_args
 from jaxckpt.plan._targets import Target, compile_target, deviceless
+from jaxckpt.plan._workload import Workload
+from jaxckpt.remat import RematSpec
 
 KINDS = (
     "parameters",
@@ -187,7 +189,7 @@ class Explanation:
                     bytes=size,
                     share=size / self.peak_bytes if self.peak_bytes else 0.0,
                     buffers=sum(b.category == category for b in self.buffers),
-                    largest=f"{largest.hlo} {largest.shape}",
+                    largest=f"{largest.name if largest.kind in KINDS[:4] else largest.hlo} {largest.shape}",
                     source=largest.source,
                 )
             )
@@ -268,6 +270,23 @@ def explain(
     report = compiled_report(compiled, target)
     sites = _tag_sites(step_fn, abstract_args, target)
     return _explanation(assignment, report.peak, report.measured_on, sites, argument_kinds)
+
+
+def explain_workload(
+    workload: Workload, remat: "str | RematSpec", *, target: "str | Target | None" = None
+) -> Explanation:
+    """``explain`` of the train step ``plan.measure(workload, remat, target=target)`` compiles
+    (its state donated, as ``jaxckpt train`` runs it).
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> workload = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=1), batch=1, seq=16)
+        >>> why = plan.explain_workload(workload, "full")
+        >>> list(why.at_peak)[:2]
+        ['optimizer state', 'parameters']
+    """
+    step, args = train_step_and_args(workload, remat, target)
+    return explain(step, *args, target=target)
 
 
 def _explanation(ba: BufferAssignment, peak: int, measured_on: str, sites: dict, argument_kinds: dict):

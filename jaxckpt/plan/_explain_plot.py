@@ -81,6 +81,21 @@ def peak_title(explanation: Explanation, title: str = "") -> str:
     return f"{title}: {figures}" if title else figures
 
 
+def _byte_ticks(top: int) -> list[int]:
+    """Four to eight round ticks from 0 to above ``top``, in binary units (MiB, not millions).
+
+    Example:
+        >>> [t // 2**20 for t in _byte_ticks(17_500_000)]
+        [0, 4, 8, 12, 16, 20]
+    """
+    unit = 1
+    while unit * 1024 <= top:
+        unit *= 1024
+    steps = [max(1, unit * f // 8) for f in (1, 2, 4)] + [unit * 2**k for k in range(10)]
+    step = next(s for s in steps if top / s <= 7)
+    return list(range(0, top + step, step))
+
+
 def _series(explanation: Explanation) -> tuple[list[int], dict]:
     points = len(explanation.timeline)
     every = max(1, -(-points // _MAX_POINTS))
@@ -123,12 +138,14 @@ def _html(explanation: Explanation, path: Path, heading: str) -> None:
         line_color="black",
         annotation_text=f"compiler's peak {format_bytes(explanation.peak_bytes)}",
     )
+    ticks = _byte_ticks(max(explanation.peak_bytes, explanation.timeline_peak))
     figure.update_layout(
         title=heading,
         xaxis_title="program point (XLA's schedule)",
-        yaxis_title="bytes live",
+        yaxis=dict(title="bytes live", tickvals=ticks, ticktext=[format_bytes(t) for t in ticks]),
         hovermode="x unified",
         template="plotly_white",
+        height=520,
     )
     path.write_text(figure.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False}))
 
@@ -147,6 +164,8 @@ def _png(explanation: Explanation, path: Path, heading: str) -> None:
     axes.set_title(heading, fontsize=10)
     axes.set_xlabel("program point (XLA's schedule)")
     axes.set_ylabel("bytes live")
+    ticks = _byte_ticks(max(explanation.peak_bytes, explanation.timeline_peak))
+    axes.set_yticks(ticks, [format_bytes(t) for t in ticks])
     axes.legend(loc="upper left", fontsize=8)
     figure.tight_layout()
     figure.savefig(path)
