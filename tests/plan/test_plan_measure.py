@@ -6,6 +6,7 @@ from flax import nnx
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.plan import _measure
+from jaxckpt.plan._compile import train_step_and_args
 from jaxckpt.plan._sharded import compile_in_subprocess
 
 CONFIG = nn.TransformerConfig.preset(
@@ -44,6 +45,18 @@ def test_measure_matches_the_compiled_trainer(remat):
     assert report.argument >= report.params + report.optimizer
     assert report.activations == report.temp - report.grads
     assert report.peak == report.argument + report.output + report.temp - report.alias
+
+
+@pytest.mark.slow
+def test_measure_is_measure_fn_of_the_train_step():
+    """``measure`` is ``measure_fn`` over the step ``train_step_and_args`` builds, labelled with
+    the state's sizes (the ``full`` step is the one the test above compiles)."""
+    workload = make_workload()
+    step, args = train_step_and_args(workload, "full")
+    report, direct = plan.measure(workload, remat="full"), plan.measure_fn(step, *args)
+    figures = ("argument", "output", "temp", "alias", "peak", "measured_on", "flops")
+    assert {f: getattr(report, f) for f in figures} == {f: getattr(direct, f) for f in figures}
+    assert direct.params is None and report.params == plan.state_bytes(workload)[0]
 
 
 @pytest.mark.slow
