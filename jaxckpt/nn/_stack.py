@@ -26,7 +26,7 @@ from jaxckpt.nn._block import Block
 from jaxckpt.nn._choices import LayerKind
 from jaxckpt.nn._compressed_remat import compressed_remat
 from jaxckpt.nn._kv_cache import KVCache, LayerCache
-from jaxckpt.remat import RematSpec, Tag
+from jaxckpt.remat import Layered, RematSpec, Tag
 
 Segment = Callable[[jax.Array, Block, "jax.Array | tuple", "dict | None"], jax.Array]
 """``(x, blocks, per_layer, context) -> x``. ``per_layer`` is scanned with the blocks: each
@@ -114,6 +114,109 @@ def remat_segment(spec: RematSpec, kinds: tuple[LayerKind, ...], k: int) -> Segm
     return nnx.remat(_tag_input(_scan(layer)), policy=policy, prevent_cse=False)
 
 
+def _grad_window(a: jax.Array, start: int, stop: int) -> jax.Array:
+    """Zeros shaped as ``a[start:stop]`` whose cotangent is ``a``'s, padded to its shape: a
+    group of a ``Layered`` stack reads its parameters as ``stop_gradient(stack)[i] + window[i]``,
+    so the forward pass slices nothing out of the stack (no copy) and the backward pass
+    writes the group's gradients as its own scan's stacked output, as a uniform stack does,
+    instead of accumulating them in a zero-initialised copy of the whole stack per group
+    (what differentiating a scan over a closed-over stack does; measured on XLA:CPU:
+    one more copy of the stack's gradients live through the backward pass)."""
+
+    @jax.custom_vjp
+    def window(a):
+        return jnp.zeros((stop - start, *a.shape[1:]), a.dtype)
+
+    def fwd(a):
+        return window(a), None
+
+    def bwd(_, ct):
+        full = jnp.zeros(a.shape, ct.dtype)
+        return (jax.lax.dynamic_update_slice_in_dim(full, ct, start, axis=0),)
+
+    window.defvjp(fwd, bwd)
+    return window(a)
+
+
+def _sliced_segment(spec: RematSpec, kinds: tuple[LayerKind, ...], k: int, graphdef) -> Segment:
+    """One remat segment of ``k`` layers that reads its layers out of the whole stack:
+    ``(x, (stack, index, window), per_layer, context) -> x``: layers ``index:index + k`` of
+    ``stack`` (the parameters, every layer, gradient stopped), their cotangent passed to
+    ``window``, the segment's zero slice that carries the gradient (``_grad_window``). The
+    reading happens inside the segment's ``jax.checkpoint``, so the checkpoint keeps the
+    whole stack, an input of the scan that runs it (hoisted out of the loop, no copy),
+    never a slice of it."""
+
+    def slice_of(a, index):
+        if k == 1:
+            return jax.lax.dynamic_index_in_dim(a, index, keepdims=False)
+        return jax.lax.dynamic_slice_in_dim(a, index, k)
+
+    @jax.custom_vjp
+    def read(a, window, index):
+        """``a``'s layers at ``index``, exactly (no arithmetic); their cotangent is the window's."""
+        return slice_of(a, index)
+
+    def read_fwd(a, window, index):
+        return slice_of(a, index), None
+
+    def read_bwd(_, ct):
+        return None, ct, None
+
+    read.defvjp(read_fwd, read_bwd)
+
+    def take(stack, index, window):
+        return jax.tree.map(lambda a, w: read(a, w, index), stack, window)
+
+    if k == 1:
+        inner = _layer(kinds)
+    else:
+        layer = nnx.remat(_layer(kinds, tag_input=False), policy=spec.policy(), prevent_cse=False)
+        inner = _tag_input(_scan(layer))
+
+    def run(x, source, per_layer, context):
+        return inner(x, nnx.merge(graphdef, take(*source)), per_layer, context)
+
+    return jax.checkpoint(run, policy=spec.policy(), prevent_cse=False)
+
+
+def _run_sliced(
+    blocks: Block,
+    x,
+    spec: RematSpec,
+    distinct,
+    start: int,
+    stop: int,
+    k: int,
+    per_layer,
+    context,
+    scanned: bool,
+):
+    """Layers ``start:stop`` under ``spec`` in segments of ``k`` (a scan over them when
+    ``scanned``, else one segment of ``stop - start``), each reading its layers out of the
+    whole stack inside its checkpoint (``_sliced_segment``): no copy of the parameters, and
+    the gradients written as the scan's output."""
+    graphdef, state = nnx.split(blocks)
+    stack = jax.lax.stop_gradient(state)
+    window = jax.tree.map(lambda a: _grad_window(a, start, stop), state)
+    if not scanned:
+        segment = _sliced_segment(spec, distinct, stop - start, graphdef)
+        window = window if stop - start > 1 else jax.tree.map(lambda w: w[0], window)
+        return segment(x, (stack, jnp.asarray(start, jnp.int32), window), per_layer, context)
+    segment = _sliced_segment(spec, distinct, k, graphdef)
+    n = (stop - start) // k
+    if k > 1:
+        window = jax.tree.map(lambda w: w.reshape(n, k, *w.shape[1:]), window)
+
+    def step(x, scanned_in):
+        index, window, layer_in = scanned_in
+        return segment(x, (stack, index, window), layer_in, context), None
+
+    index = start + k * jnp.arange(n, dtype=jnp.int32)
+    x, _ = jax.lax.scan(step, x, (index, window, per_layer))
+    return x
+
+
 def segment_sizes(spec: RematSpec, n_layers: int) -> tuple[int, int]:
     """``(k, n_full)``: the segment length and the number of full segments (a shorter
     last segment of ``n_layers - k * n_full`` layers follows when k does not divide).
@@ -128,42 +231,77 @@ def segment_sizes(spec: RematSpec, n_layers: int) -> tuple[int, int]:
 
 
 def stack_segments(spec: RematSpec, n_layers: int) -> list[tuple[int, int, int | None]]:
-    """The pieces ``run_blocks`` applies, in order: ``(start, stop, group)``: layers
-    ``start:stop`` as a scan over segments of ``group`` layers (None: of one layer), or a
-    single segment when ``start`` is past the scanned ones (the shorter last segment).
+    """The pieces ``run_blocks`` applies under a uniform spec, in order: ``(start, stop,
+    group)``: layers ``start:stop`` as a scan over segments of ``group`` layers (None: of one
+    layer), or a single segment when ``start`` is past the scanned ones (the shorter last
+    segment).
 
     Example:
         >>> from jaxckpt import remat
         >>> stack_segments(remat.get("ratio_0.5"), 5), stack_segments(remat.get("full"), 3)
         ([(0, 4, 2), (4, 5, None)], [(0, 3, None)])
     """
-    k, n_full = segment_sizes(spec, n_layers)
-    pieces = [(0, k * n_full, None if k == 1 else k)]
-    if k * n_full < n_layers:
-        pieces.append((k * n_full, n_layers, None))
+    return [(start, stop, group) for start, stop, group, _, _ in stack_pieces(spec, n_layers)]
+
+
+def stack_pieces(
+    spec: "RematSpec | Layered", n_layers: int
+) -> list[tuple[int, int, int | None, RematSpec, bool]]:
+    """``(start, stop, group, spec, scanned)`` for each piece ``run_blocks`` applies, in order:
+    layers ``start:stop`` under ``spec``, a scan over segments of ``group`` layers (None: of
+    one layer) when ``scanned``, else one segment of them (a group's shorter last segment).
+    A ``Layered`` spec's groups are cut in turn, each as its own spec cuts a stack of its
+    count (``segment_sizes``).
+
+    Raises:
+        ValueError: when a ``Layered`` spec's counts do not add up to ``n_layers``.
+
+    Example:
+        >>> from jaxckpt import remat
+        >>> [p[:3] for p in stack_pieces(remat.Layered(((3, "ratio_0.5"), (2, "full"))), 5)]
+        [(0, 2, 2), (2, 3, None), (3, 5, None)]
+    """
+    if isinstance(spec, Layered):
+        if spec.n_layers != n_layers:
+            raise ValueError(
+                f"remat Layered spec {spec.describe()!r} covers {spec.n_layers} layers; the stack has "
+                f"n_layers={n_layers}"
+            )
+        groups = spec.groups
+    else:
+        groups = ((n_layers, spec),)
+    pieces, offset = [], 0
+    for count, group_spec in groups:
+        k, n_full = segment_sizes(group_spec, count)
+        pieces.append((offset, offset + k * n_full, None if k == 1 else k, group_spec, True))
+        if k * n_full < count:
+            pieces.append((offset + k * n_full, offset + count, None, group_spec, False))
+        offset += count
     return pieces
 
 
 def distinct_segments(
-    spec: RematSpec, kinds: "tuple[LayerKind, ...]"
+    spec: "RematSpec | Layered", kinds: "tuple[LayerKind, ...]"
 ) -> list[tuple[Segment, int, np.ndarray, int]]:
     """``(fn, size, kind_indices, count)`` for each distinct remat segment of the stack,
     for ``remat.describe``: ``fn(x, blocks, kind_indices, None)`` runs one segment of ``size``
     layers, and ``count`` segments are like it. A single-layer segment counts once per
     kind (each analysed alone); a longer one mixes kinds, and the first stands for all.
+    A ``Layered`` spec's groups come in stack order, each its own segments.
     """
     distinct, index = distinct_kinds(kinds)
     out = []
-    for start, stop, group in stack_segments(spec, len(kinds)):
-        size = group or (1 if start == 0 else stop - start)
+    for start, stop, group, piece_spec, scanned in stack_pieces(spec, len(kinds)):
+        size = group or (1 if scanned else stop - start)
         if size == 1:
             for i, kind in enumerate(distinct):
                 count = int(np.sum(index[start:stop] == i))
-                out.append((remat_segment(spec, (kind,), 1), 1, np.zeros((), np.int32), count))
+                if count:
+                    out.append((remat_segment(piece_spec, (kind,), 1), 1, np.zeros((), np.int32), count))
         else:
             out.append(
                 (
-                    remat_segment(spec, distinct, size),
+                    remat_segment(piece_spec, distinct, size),
                     size,
                     index[start : start + size],
                     (stop - start) // size,
@@ -175,7 +313,7 @@ def distinct_segments(
 def run_blocks(
     blocks: Block,
     x: jax.Array,
-    spec: RematSpec,
+    spec: "RematSpec | Layered",
     n_layers: int,
     kinds: "tuple[LayerKind, ...] | None" = None,
     context: "dict | None" = None,
@@ -191,6 +329,9 @@ def run_blocks(
     activations held are about ``n_layers / k + k`` layer inputs plus one layer's
     internals (the sqrt(n_layers) schedule of Chen et al. 2016 at k = sqrt(n_layers)).
     When k does not divide ``n_layers`` the last segment is shorter.
+
+    A ``remat.Layered`` spec runs its groups in turn, each a scan of its own over its
+    layers (``stack_pieces``) under its own spec.
 
     Args:
         kinds: one ``LayerKind`` per layer (``config.layer_kinds``); default: all full.
@@ -212,13 +353,24 @@ def run_blocks(
         raise ValueError(f"run_blocks: {len(kinds)} layer kinds for n_layers={n_layers}")
     distinct, index = distinct_kinds(kinds)
     keys = None if dropout_key is None else jax.random.split(dropout_key, n_layers)
-    for start, stop, group in stack_segments(spec, n_layers):
-        if start == 0:  # the scanned segments (a scan even of one layer)
+    layered = isinstance(spec, Layered)
+    for start, stop, group, piece_spec, scanned in stack_pieces(spec, n_layers):
+        if layered and piece_spec.enabled and not piece_spec.compress:
             lead = (-1,) if group is None else (-1, group)
-            segment = _scan(remat_segment(spec, distinct, group or 1))
+            lead = lead if scanned else (() if stop - start == 1 else (-1,))
+            per_layer = jnp.asarray(index[start:stop].reshape(lead))
+            if keys is not None:
+                per_layer = (per_layer, keys[start:stop].reshape(lead + keys.shape[1:]))
+            x = _run_sliced(
+                blocks, x, piece_spec, distinct, start, stop, group or 1, per_layer, context, scanned
+            )
+            continue
+        if scanned:  # the scanned segments (a scan even of one layer)
+            lead = (-1,) if group is None else (-1, group)
+            segment = _scan(remat_segment(piece_spec, distinct, group or 1))
         else:  # the shorter last segment
             lead = () if stop - start == 1 else (-1,)
-            segment = remat_segment(spec, distinct, stop - start)
+            segment = remat_segment(piece_spec, distinct, stop - start)
         per_layer = jnp.asarray(index[start:stop].reshape(lead))
         if keys is not None:
             per_layer = (per_layer, keys[start:stop].reshape(lead + keys.shape[1:]))

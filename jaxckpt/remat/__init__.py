@@ -22,7 +22,7 @@ from jaxckpt.remat._compress import (
     quantize,
 )
 from jaxckpt.remat._describe import RematReport, Residual, describe
-from jaxckpt.remat._presets import AUTO, PRESETS, compressed, get
+from jaxckpt.remat._presets import AUTO, PRESETS, Layered, compressed, get
 from jaxckpt.remat._spec import RematSpec, TagFormats, has_pinned_host
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "PRESETS",
     "Compressed",
     "ErrorBound",
+    "Layered",
     "RematReport",
     "RematSpec",
     "Residual",

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from jaxckpt._tags import Tag
 from jaxckpt.remat._compress import compressed_bytes
-from jaxckpt.remat._presets import get
+from jaxckpt.remat._presets import Layered, get
 from jaxckpt.remat._residuals import SavedResidual, saved_residuals
 from jaxckpt.remat._spec import RematSpec
 
@@ -181,6 +181,12 @@ def describe(model: RematSegments, batch: tuple[int, int], spec: "str | RematSpe
         [('layer_input', 'int8', 16384, 4224)]
     """
     spec = get(spec)
+    if isinstance(spec, Layered):
+        raise ValueError(
+            f"describe: the Layered spec {spec.describe()!r} keeps what each group's spec keeps; "
+            "describe the groups' specs one by one (spec.specs), each row's count then being "
+            "that of a uniform stack"
+        )
     # Offloading moves a residual but does not change which ones exist; analysing the
     # offloaded tags as saved keeps their names (an offloaded value shows as a device_put).
     # Compression changes the bytes of a residual, not which ones exist: the rows are
