@@ -12,15 +12,21 @@
    (``measure``: XLA:GPU or XLA:TPU without the device, else XLA:CPU) at that T, at a T
    moved by the measured over- or under-shoot, then bisected, within a few compiles.
 
+With ``compress=`` (``int8`` / ``fp8``) every candidate keeps what it keeps compressed
+(``compress_spec``, as ``plan_memory(compress=)`` and ``jaxckpt train --compress`` do;
+``compress_tags=``: only those tags), and the compiled confirmation compiles that compressed
+spec; with ``allow_compress=True`` the solver's candidate may compress what it chooses.
+
 The answer is one device's: with ``workload.devices`` the figures are per device under
 FSDP, as everywhere in the planner.
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from jaxckpt._sizes import format_bytes
 from jaxckpt.plan._analytic import predict
+from jaxckpt.plan._compression import compress_spec
 from jaxckpt.plan._cost import choice
 from jaxckpt.plan._devices import DEVICES, DevicePreset
 from jaxckpt.plan._measure import CPU_CAVEAT, measure
@@ -28,7 +34,7 @@ from jaxckpt.plan._milp import solve
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload, require_workload
-from jaxckpt.remat import PRESETS, RematSpec
+from jaxckpt.remat import FORMATS, PRESETS, RematSpec, Tag
 from jaxckpt.remat import get as get_remat
 
 FALLBACK_PRESETS = ("offload_full_save_attn", "offload_full", "full")
@@ -120,13 +126,52 @@ def at_length(workload: Workload, seq: int, mlp_chunk: "int | None" = None) -> W
     return workload.replace(config=config, seq=seq)
 
 
-def _plans(workload: Workload, specs, tiles) -> tuple:
-    """The candidate specs (None: the solver's) and tiles, as ``max_seq`` documents them."""
+@dataclasses.dataclass(frozen=True)
+class _Compression:
+    """What ``max_seq``'s candidates store compressed: with ``fmt`` every spec's kept ``tags``
+    (None: all that can be), as ``plan_memory(compress=)``; with ``allow`` the solver may choose."""
+
+    fmt: "str | None" = None
+    tags: "frozenset[Tag] | None" = None
+    allow: bool = False
+
+    @classmethod
+    def of(cls, compress, compress_tags, allow_compress) -> "_Compression":
+        if compress is not None and compress not in FORMATS:
+            raise ValueError(f"max_seq: compress={compress!r} must be one of {', '.join(FORMATS)} or None")
+        if compress_tags is not None and compress is None:
+            raise ValueError("max_seq: compress_tags= needs compress= (the format: int8 or fp8)")
+        if not isinstance(allow_compress, bool):
+            raise ValueError(f"max_seq: allow_compress={allow_compress!r} must be True or False")
+        tags = None
+        if compress_tags is not None:
+            valid = {str(t) for t in Tag}
+            unknown = sorted(str(t) for t in compress_tags if str(t) not in valid)
+            if unknown:
+                names = ", ".join(sorted(valid))
+                raise ValueError(f"max_seq: compress_tags names {unknown}, no tags; valid tags: {names}")
+            tags = frozenset(Tag(str(t)) for t in compress_tags)
+        return cls(compress, tags, allow_compress)
+
+    def apply(self, spec: RematSpec) -> RematSpec:
+        """``spec`` with what it keeps compressed (unchanged without ``compress``)."""
+        return spec if self.fmt is None else compress_spec(spec, self.fmt, self.tags)
+
+    def solver_options(self) -> dict:
+        forced = None if self.fmt is None else (self.tags if self.tags is not None else frozenset(Tag))
+        fmt = self.fmt or "int8"
+        return {"allow_compress": self.allow, "compress_format": fmt, "compressed_tags": forced}
+
+
+def _plans(workload: Workload, specs, tiles, compression: _Compression = _Compression()) -> tuple:
+    """The candidate specs (None: the solver's) and tiles, as ``max_seq`` documents them, and
+    what they compress."""
     if specs is None:
         specs = (None, *(PRESETS[name] for name in FALLBACK_PRESETS if name in PRESETS))
     if tiles is None:
         tiles = (workload.config.mlp_chunk,) if workload.config.mlp_chunk else (None, DEFAULT_TILE)
-    return tuple(get_remat(s) if s is not None else None for s in specs), tuple(tiles)
+    specs = tuple(compression.apply(get_remat(s)) if s is not None else None for s in specs)
+    return specs, tuple(tiles), compression
 
 
 def _fitting(
@@ -135,13 +180,14 @@ def _fitting(
     """``(plan, prediction)`` of least cost predicted within the device and host ``limits`` at
     ``seq``, or None."""
     limit, host_limit = limits
-    specs, tiles = plans
+    specs, tiles, compression = plans
     best = None
     for tile in tiles:
         w = at_length(workload, seq, tile if tile is None or tile < seq else None)
         for spec in specs:
             if spec is None:  # the exact MILP's cheapest spec, offload allowed
-                spec = solve(w, limit, device=device, offload=True, target=target)
+                options = compression.solver_options()
+                spec = solve(w, limit, device=device, offload=True, target=target, **options)
                 if spec is None:
                     continue
             c = choice(w, spec, target=target)
@@ -183,6 +229,9 @@ def max_seq(
     multiple: int = 1024,
     limit_seq: int = 2**24,
     compiles: int = 4,
+    compress: "str | None" = None,
+    compress_tags: "Collection[Tag | str] | None" = None,
+    allow_compress: bool = False,
 ) -> MaxSeqAnswer:
     """The longest tokens per sequence whose step fits ``budget``, searched on the analytic
     model and confirmed by compiling for ``target``.
@@ -192,6 +241,10 @@ def max_seq(
     T moved by the measured over- or under-shoot (the state is fixed, the rest grows with T),
     then bisected between the longest compiled fit and the shortest compiled miss, within
     ``compiles`` compiles. The answer is the longest T the compiler confirmed.
+
+    With ``compress`` every candidate keeps what it keeps compressed, and the confirmation
+    compiles that spec: ``max_seq(w, budget, specs=["offload_full"], compress="int8")`` searches
+    and compiles ``remat.compressed("offload_full", "int8")``, its layer inputs in int8 on the host.
 
     Args:
         workload: the step; its ``seq`` is ignored (its batch, model, optimizer and devices
@@ -209,12 +262,21 @@ def max_seq(
         multiple: T is a multiple of this.
         limit_seq: the longest T searched.
         compiles: at most this many compiles confirm the answer.
+        compress: ``"int8"`` or ``"fp8"``: every candidate keeps what it keeps compressed
+            (``plan.compress_spec``, as ``plan_memory(compress=)``; ``Tag.ATTN_LSE`` never),
+            and the confirmation compiles that spec. None: nothing compressed unless
+            ``allow_compress``.
+        compress_tags: with ``compress``, only these tags are compressed where kept
+            (``"layer_input"``: the remat boundaries).
+        allow_compress: the solver's candidate may store kept tags compressed (in
+            ``compress``'s format, else int8) where that is cheaper.
 
     Returns:
         A ``MaxSeqAnswer``; its ``max_seq`` is 0 when not even ``multiple`` tokens fit.
 
     Raises:
-        ValueError: for a ``multiple`` or ``compiles`` under 1.
+        ValueError: for a ``multiple`` or ``compiles`` under 1, an unknown ``compress``
+            format or tag, or ``compress_tags`` without ``compress``.
 
     Example:
         >>> from jaxckpt import nn, plan
@@ -234,7 +296,8 @@ def max_seq(
     if isinstance(device, str) or device is None:
         device = DEVICES.get(device or name or "cpu", DEVICES["cpu"])
     limit = int(budget * (1 - headroom))
-    plans, found = _plans(workload, specs, tiles), {}
+    compression = _Compression.of(compress, compress_tags, allow_compress)
+    plans, found = _plans(workload, specs, tiles, compression), {}
 
     def fits(seq: int) -> bool:
         found[seq] = _fitting(workload, seq, (limit, host_budget), device, target, plans)

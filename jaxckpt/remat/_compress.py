@@ -5,10 +5,17 @@ A compressed residual is what a remat spec stores in place of an activation it k
 reads :func:`dequantize` of the stored one. The last (feature) axis is cut into groups of
 ``group`` elements (the last group shorter when ``group`` does not divide it); each group
 has one float32 scale, its absmax over the format's largest value, stored beside the
-one-byte values:
+one-byte values, groups-major: ``[groups, rows]``, the rows (every axis but the last,
+flattened) along the minor dimension:
 
 - ``int8``: symmetric, ``round(x / scale)`` clipped to ``[-127, 127]``, ``scale = absmax / 127``;
 - ``fp8``: ``float8_e4m3fn`` values of ``x / scale``, ``scale = absmax / 448``.
+
+The scales are groups-major for XLA:TPU, which tiles the two minor dimensions of an array in
+(8, 128) blocks: rows-major ``[rows, groups]`` float32 scales with one group a row (d_model
+128) were padded to 128 lanes, 512 bytes a row beside 128 bytes of int8 values; groups-major
+they are padded to 8 sublanes, 32 bytes a row (``plan``'s ``tpu_compressed_bytes``). XLA:CPU
+and XLA:GPU store either without padding.
 
 An all-zero group has scale 0 and dequantizes to exact zeros. A group holding a
 non-finite value gets a NaN scale, so all of it dequantizes to NaN, never to a finite
@@ -54,7 +61,8 @@ class Compressed:
 
     Attributes:
         values: the one-byte values (``int8`` or ``float8_e4m3fn``), the activation's shape.
-        scales: float32 ``[..., ceil(features / group)]``, one per group of the last axis.
+        scales: float32 ``[ceil(features / group), rows]``, one per group of the last axis
+            and row (``rows``: the product of the other axes), groups-major.
         fmt: ``"int8"`` or ``"fp8"``. group: features per scale.
         dtype: the activation's dtype, which :func:`dequantize` returns.
         features: the size of the last axis.
@@ -64,6 +72,8 @@ class Compressed:
         >>> c = quantize(jnp.ones((2, 200), jnp.bfloat16), "int8")
         >>> c.values.shape, c.scales.shape, c.fmt, str(c.dtype), c.nbytes
         ((2, 200), (2, 2), 'int8', 'bfloat16', 416)
+        >>> quantize(jnp.ones((3, 5, 200)), "fp8").scales.shape  # 2 groups of 15 rows
+        (2, 15)
     """
 
     values: jax.Array
@@ -127,8 +137,10 @@ def quantize(x: jax.Array, fmt: str, group: int = DEFAULT_GROUP, *, check_finite
         >>> import jax.numpy as jnp
         >>> x = jnp.array([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]])
         >>> c = quantize(x, "int8", group=2)
-        >>> c.values.tolist(), c.scales.shape
+        >>> c.values.tolist(), c.scales.shape  # [groups, rows]
         ([[64, -127, 127], [0, 0, 0]], (2, 2))
+        >>> c.scales[:, 1].tolist()  # the second row's groups: all zero
+        [0.0, 0.0]
         >>> dequantize(c).tolist()[1]  # an all-zero group comes back exactly
         [0.0, 0.0, 0.0]
     """
@@ -151,7 +163,8 @@ def quantize(x: jax.Array, fmt: str, group: int = DEFAULT_GROUP, *, check_finite
         q = jnp.round(q)
     d = x.shape[-1]
     values = q.astype(_STORAGE[fmt]).reshape(*x.shape[:-1], -1)[..., :d]
-    return Compressed(values, scale[..., 0], fmt, group, jnp.dtype(x.dtype), d)
+    scales = scale.reshape(-1, scale.shape[-2]).T  # [rows, groups, 1] -> [groups, rows]
+    return Compressed(values, scales, fmt, group, jnp.dtype(x.dtype), d)
 
 
 def dequantize(c: Compressed) -> jax.Array:
@@ -164,7 +177,9 @@ def dequantize(c: Compressed) -> jax.Array:
         >>> bool(err <= error_bound("int8").absmax * 1.0)
         True
     """
-    g = _groups(c.values, c.group) * c.scales[..., None]
+    lead = c.values.shape[:-1]
+    scales = c.scales.T.reshape(*lead, -1, 1)  # [groups, rows] -> [..., groups, 1]
+    g = _groups(c.values, c.group) * scales
     return g.reshape(*g.shape[:-2], -1)[..., : c.features].astype(c.dtype)
 
 

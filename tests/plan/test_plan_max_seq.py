@@ -6,12 +6,13 @@ the module (``functools.cache``): it compiles one or two steps.
 
 import functools
 import json
+import re
 
 import pytest
 
 from jaxckpt import nn, plan, remat
 from jaxckpt.cli import main
-from jaxckpt.plan._max_seq import at_length
+from jaxckpt.plan._max_seq import _Compression, _fitting, _plans, at_length
 
 CONFIG = nn.TransformerConfig.preset(
     "tiny", n_layers=2, d_model=72, n_heads=3, n_kv_heads=1, ffn_dim=200, vocab_size=301
@@ -97,3 +98,59 @@ def test_cli_max_seq_json(capsys, monkeypatch):
     assert options == {"device": None, "target": None, "headroom": 0.1, "host_budget": 2**30}
     assert code == 0 and result["max_seq"] == _answer().max_seq
     assert result["plan"]["remat"] and result["measured_bytes"] <= result["usable_bytes"]
+
+
+# -- with compressed residuals (issue 34) ---------------------------------------------------
+
+
+DEEP = plan.Workload(CONFIG.replace(n_layers=16), batch=1, seq=1)
+"""16 layers: their inputs are a large share of the step (fp32 on XLA:CPU), so int8 ones make room
+(at 2 layers the float32 groups the quantization forms would take more than they save)."""
+DEEP_BUDGET = 32 * 2**20
+
+
+@functools.cache
+def _full(compress: "str | None") -> plan.MaxSeqAnswer:
+    """``full`` remat, the MLP untiled, with the layer inputs as ``compress`` says."""
+    return plan.max_seq(
+        DEEP, DEEP_BUDGET, specs=["full"], tiles=[None], multiple=MULTIPLE, compiles=3, compress=compress
+    )
+
+
+@pytest.mark.slow
+def test_int8_layer_inputs_reach_a_longer_sequence_confirmed_by_the_compiler():
+    plain, int8 = _full(None), _full("int8")
+    assert plain.plan.spec == remat.get("full")
+    assert int8.plan.spec == remat.compressed("full", "int8")  # every candidate compressed
+    assert int8.max_seq > plain.max_seq and int8.predicted_max_seq > plain.predicted_max_seq
+    # the compiled confirmation compiled the compressed step: the same peak as measuring it
+    longest = at_length(DEEP, int8.max_seq)
+    assert int8.measured_bytes == plan.measure(longest, remat.compressed("full", "int8")).peak
+    assert int8.measured_bytes <= DEEP_BUDGET < plan.measure(longest, "full").peak
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"compress": "int4"}, "max_seq: compress='int4' must be one of int8, fp8"),
+        ({"compress_tags": ["layer_input"]}, "max_seq: compress_tags= needs compress="),
+        ({"compress": "int8", "compress_tags": ["bogus"]}, "max_seq: compress_tags names ['bogus']"),
+        ({"allow_compress": "yes"}, "max_seq: allow_compress='yes' must be True or False"),
+    ],
+)
+def test_compression_arguments_are_checked_by_name(options, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plan.max_seq(plan.Workload(CONFIG, batch=1, seq=1), BUDGET, **options)
+
+
+@pytest.mark.slow
+def test_allow_compress_lets_the_solvers_candidate_compress_where_it_is_cheaper():
+    """At 1408 tokens (past ``full``'s longest on ``DEEP``) the solver's candidate offloads; with
+    ``allow_compress`` it may also compress, and it does, for a step predicted no slower."""
+    cpu, seconds = plan.DEVICES["cpu"], {}
+    for allow in (False, True):
+        plans = _plans(DEEP, [None], [None], _Compression.of(None, None, allow))
+        chosen, predicted = _fitting(DEEP, 1408, (DEEP_BUDGET, None), cpu, None, plans)
+        assert bool(chosen.spec.compress) == allow and predicted.total <= DEEP_BUDGET
+        seconds[allow] = plan.choice(at_length(DEEP, 1408), chosen.spec).seconds(cpu)
+    assert seconds[True] <= seconds[False]

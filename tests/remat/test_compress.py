@@ -31,7 +31,7 @@ def _within_bound(x: jax.Array, fmt: str, group: int) -> None:
     x32, y32 = np.asarray(x, np.float32), np.asarray(y, np.float32)
     d = x.shape[-1]
     n = -(-d // group)
-    assert c.scales.shape == (*x.shape[:-1], n) and c.scales.dtype == jnp.float32
+    assert c.scales.shape == (n, x.size // d) and c.scales.dtype == jnp.float32  # groups-major
     pad = np.pad(np.abs(x32), [(0, 0)] * (x.ndim - 1) + [(0, n * group - d)])
     absmax = np.repeat(pad.reshape(*x.shape[:-1], n, group).max(-1), group, axis=-1)[..., :d]
     bound = remat.error_bound(fmt)
@@ -69,7 +69,7 @@ def test_odd_feature_sizes_and_groups(fmt, group):
 
 def test_the_formats_store_one_byte_a_value_and_the_scales():
     c = remat.quantize(jnp.ones((2, 3, 200), jnp.bfloat16), "int8")
-    assert c.values.dtype == jnp.int8 and c.scales.shape == (2, 3, 2)
+    assert c.values.dtype == jnp.int8 and c.scales.shape == (2, 6)  # [groups, rows]
     assert remat.quantize(jnp.ones((4,)), "fp8").values.dtype == jnp.float8_e4m3fn
     assert remat.compressed_bytes((2, 3, 200), jnp.bfloat16, "fp8") == 1200 + 12 * 4
     # a Compressed is a pytree: its arrays are leaves, the rest is static
