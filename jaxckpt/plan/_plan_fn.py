@@ -6,15 +6,18 @@ The model of a step's peak, for a policy applied to each of its ``count`` blocks
     state + count x stored(policy) + max(working - (stored(policy) - stored(full)), 0)
 
 * ``state``: the step's arguments and outputs (less what it donates): the parameters, the
-  optimizer state, the batch and the new state. XLA writes the gradients into the new
-  state's buffers (the optimizer's update runs in place of them), so they add nothing here.
-* ``stored``: what one block keeps for the backward pass, JAX's own ``saved_residuals`` of
+  optimizer state, the batch and the new state. The gradients are not counted apart: what
+  of them XLA holds beside the outputs is in ``working`` (the ViT step's whole temporaries
+  under full recompute, 135 KB, are below its parameters' 180 KB: the gradients share the
+  outputs' buffers, which the optimizer's elementwise update may write in place).
+* ``stored``: what one block keeps for the backward pass, JAX's own residuals (the vjp's) of
   the block under the policy (``ProgramGraph.stored_bytes``).
 * ``working``: what the backward pass of one block holds besides the stored blocks, under
-  full recompute: its recomputed residuals, the cotangents, the head's and the loss's. It is
-  XLA's, read off one compile of the step under full recompute (``program_model``); a block
-  that keeps more recomputes less, so its working set shrinks by what it keeps (on XLA:CPU a
-  kept value is not held twice: ``predict``'s rule for jaxckpt's own layers), down to none.
+  full recompute: its recomputed residuals, the cotangents, the gradients, the head's and
+  the loss's temporaries. It is XLA's, read off one compile of the step under full
+  recompute (``program_model``); a block that keeps more recomputes less, so its working
+  set shrinks by what it keeps (on XLA:CPU a kept value is not held twice: ``predict``'s
+  rule for jaxckpt's own layers), down to none.
 
 The full-recompute compile sets ``working``, so that policy's prediction is its measurement;
 every other policy's is a prediction (``tests/plan/test_plan_foreign.py`` checks four models'
@@ -33,8 +36,10 @@ import jax
 import numpy as np
 
 from jaxckpt.plan._devices import DevicePreset, device_preset
+from jaxckpt.plan._measure import measure_fn
 from jaxckpt.plan._milp import _Program
 from jaxckpt.plan._program_graph import Block, ProgramGraph, program_graph
+from jaxckpt.plan._solver import CHECK_MARGIN, BudgetError
 from jaxckpt.train import MemoryReport
 
 MAX_ATTEMPTS = 8
@@ -63,20 +68,8 @@ class FnPrediction:
 
 
 def _measure(step_fn: Callable, abstract_args: tuple, target) -> MemoryReport:
-    """XLA's memory analysis of ``step_fn`` compiled from ``abstract_args``."""
-    if target is not None:
-        from jaxckpt.plan._measure import measure_fn
-
-        return measure_fn(step_fn, *abstract_args, target=target)
-    stats = jax.jit(step_fn).lower(*abstract_args).compile().memory_analysis()
-    return MemoryReport(
-        argument=stats.argument_size_in_bytes,
-        output=stats.output_size_in_bytes,
-        temp=stats.temp_size_in_bytes,
-        alias=stats.alias_size_in_bytes,
-        host_temp=stats.host_temp_size_in_bytes,
-        measured_on="xla-cpu",
-    )
+    """XLA's memory figures of ``step_fn`` compiled from ``abstract_args`` (``measure_fn``)."""
+    return measure_fn(step_fn, *abstract_args, target=target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +103,14 @@ class ProgramModel:
     @property
     def count(self) -> int:
         return self.graph.block.count
+
+    @classmethod
+    def read_off(cls, graph: ProgramGraph, full: MemoryReport) -> "ProgramModel":
+        """The model of a step whose figures under full recompute are ``full`` (however
+        compiled: ``measure_fn``, or ``plan.measure`` for jaxckpt's own train step)."""
+        state = full.argument + full.output - full.alias
+        working = full.peak - state - graph.block.count * graph.stored_bytes(FULL)
+        return cls(graph, state, max(working, 0), full)
 
     def predict(self, policy: "Callable | Collection[str] | None") -> FnPrediction:
         """The predicted peak under ``policy``: a ``jax.checkpoint`` policy, a collection of
@@ -155,11 +156,7 @@ def program_model(step_fn: Callable, block: Block, *abstract_args, target=None) 
     """
     if not callable(step_fn):
         raise TypeError(f"step_fn must build the step from a policy; got {type(step_fn).__name__}")
-    graph = program_graph(block)
-    full = _measure(step_fn(FULL), abstract_args, target)
-    state = full.argument + full.output - full.alias
-    working = full.peak - state - block.count * graph.stored_bytes(FULL)
-    return ProgramModel(graph, state, max(working, 0), full)
+    return ProgramModel.read_off(program_graph(block), _measure(step_fn(FULL), abstract_args, target))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,8 +254,9 @@ def plan_fn(
         An ``FnPlan`` whose ``measured.peak <= budget``; build the step with ``plan.policy``.
 
     Raises:
-        ValueError: for a budget that is not a positive int, or one below the step's peak
-            under full recompute (the message gives it).
+        ValueError: for a budget that is not a positive int.
+        BudgetError: for a budget below the step's peak under full recompute (XLA's, in
+            ``minimum_bytes``).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -298,11 +296,12 @@ def plan_fn(
         return measured
 
     if model.full.peak > budget:
-        raise ValueError(
+        raise BudgetError(
             f"plan_fn: budget={budget} bytes is below the step's peak under full recompute, "
-            f"{model.full.peak} bytes (XLA's): no policy of the block fits"
+            f"{model.full.peak} bytes (XLA's): no policy of the block fits",
+            model.full.peak,
         )
-    if model.predict(None).total <= budget * 1.1:
+    if model.predict(None).total <= budget * (1 + CHECK_MARGIN):
         measured = attempt(None, None)
         if measured.peak <= budget:
             return found(None, None, measured)

@@ -10,10 +10,10 @@ builds the graph the MILP (``_milp``) solves over, with no table written for the
   value depends on the input, named ``"<primitive>:<k>"`` (the k-th of that primitive, in
   program order, nested ``jit`` calls inlined). A ``jax.checkpoint`` policy cannot name an
   untagged value; ``ProgramGraph.policy`` recognises it by its primitive, its operands'
-  shapes and its parameters, so values alike in all three (two equal projections) are one
-  decision, named after the first;
+  shapes and its parameters, so values alike in all three (two equal convolutions) are one
+  decision, named after all of them (``"conv_general_dilated:0+1"``);
 * each value's bytes are what JAX itself stores when that name alone is saved
-  (``saved_residuals`` of the block under the policy, minus the
+  (``vjp_residuals`` of the block under the policy, minus the
   block's input, which every policy keeps): the autodiff residuals it brings, not a guess;
   a name whose saving stores nothing (nothing reads it back) is left out;
 * each value's producer is an op whose inputs are the nearest named values (or the input)
@@ -22,7 +22,7 @@ builds the graph the MILP (``_milp``) solves over, with no table written for the
   ``jit``, ``custom_jvp``, ``custom_vjp`` and loops counted through, loops times their trips).
 
 ``ProgramGraph.stored_bytes(policy)`` answers exactly, for any policy, what one block keeps
-(``saved_residuals`` again: the list ``jax.ad_checkpoint.print_saved_residuals`` prints); the
+(``vjp_residuals`` again: the list ``jax.ad_checkpoint.print_saved_residuals`` prints); the
 graph's sum over saved names is its linear model, which the MILP needs.
 """
 
@@ -256,16 +256,18 @@ class ProgramGraph:
     def stored_bytes(self, policy: "Callable | None") -> int:
         """Bytes one block keeps for the backward pass under ``policy`` (None: no
         ``jax.checkpoint``, autodiff keeps what it needs), its parameters left out (the step
-        holds them anyway): JAX's own ``saved_residuals``."""
+        holds them anyway): the residuals of its ``jax.vjp`` (``vjp_residuals``)."""
         return _stored_bytes(self.block, policy)
 
 
-def saved_residuals(fn: Callable, *args) -> list[tuple[object, "int | None"]]:
+def vjp_residuals(fn: Callable, *args) -> list[tuple[object, "int | None"]]:
     """The residuals autodiff keeps of ``fn(*args)`` for its backward pass: each one's aval
     and, where it is one of ``fn``'s arguments, that argument's flat index (else None).
 
     What ``jax.ad_checkpoint.print_saved_residuals`` prints, from the public API: the vjp's
-    residuals are the leaves of the function ``jax.vjp`` returns.
+    residuals are the leaves of the function ``jax.vjp`` returns. Unlike the printed text
+    (``remat._residuals.saved_residuals`` parses it), an argument is known by its position,
+    whatever it is called.
     """
     leaves, tree = jax.tree.flatten(args)
 
@@ -285,7 +287,7 @@ def _stored_bytes(block: Block, policy) -> int:
     n_params = len(jax.tree.leaves(block.args[:-1]))
     return sum(
         _aval_bytes(aval)
-        for aval, argument in saved_residuals(fn, *block.args)
+        for aval, argument in vjp_residuals(fn, *block.args)
         if argument is None or argument >= n_params
     )
 
@@ -311,7 +313,7 @@ def program_graph(block: Block) -> ProgramGraph:
     depends = {x_id}
     unit_of: dict[int, str] = {}
     signatures: dict[str, list] = {}
-    by_signature: dict[tuple, str] = {}
+    members: dict[tuple, list[int]] = {}
     counters: dict[str, int] = {}
     for e in eqns:
         if not any(i in depends for i in e.inputs if i is not None):
@@ -329,9 +331,13 @@ def program_graph(block: Block) -> ProgramGraph:
         k = counters.get(prim, 0)
         counters[prim] = k + 1
         sig = signature(e.eqn.primitive, [v.aval for v in e.eqn.invars], e.eqn.params)
-        name = by_signature.setdefault(sig, f"{prim}:{k}")
-        signatures.setdefault(name, [sig])
-        unit_of[e.outputs[0]] = name
+        members.setdefault(sig, []).append(k)
+        unit_of[e.outputs[0]] = sig
+    # an untagged decision is named after its members: "conv_general_dilated:0+1" for two alike
+    for out, sig in list(unit_of.items()) if not tagged else ():
+        name = f"{sig[0]}:" + "+".join(map(str, members[sig]))
+        unit_of[out] = name
+        signatures[name] = [sig]
     # each decision's producer: its nearest decisions upstream, the equations in between
     front = {x_id: frozenset({"x"})}
     pending = {x_id: frozenset()}

@@ -200,7 +200,13 @@ class ResBlock(nnx.Module):
 class ConvNet(nnx.Module):
     def __init__(self, *, channels: int, depth: int, classes: int, rngs: nnx.Rngs):
         self.stem = nnx.Conv(3, channels, (3, 3), rngs=rngs)
-        self.blocks = nnx.vmap(lambda r: ResBlock(channels, rngs=r))(rngs.fork(split=depth))
+
+        @nnx.split_rngs(splits=depth)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def blocks(rngs):
+            return ResBlock(channels, rngs=rngs)
+
+        self.blocks = blocks(rngs)
         self.head = nnx.Linear(channels, classes, rngs=rngs)
         self.policy = None
 
