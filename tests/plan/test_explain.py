@@ -45,17 +45,17 @@ def assert_explained(why: plan.Explanation, peak: int) -> None:
 # ---------------------------------------------------------------- a plain function, tagged
 
 
-def mlp_step():
+def mlp_step(scale: int = 1):
     """A 3-layer MLP of plain pytrees, each hidden layer under ``jax.checkpoint`` saving its
-    ``checkpoint_name``d pre-activation; Adam. Odd sizes."""
-    dims = (23, 41, 37, 5)
+    ``checkpoint_name``d pre-activation; Adam. Odd sizes, ``scale`` times them."""
+    dims = tuple(scale * d for d in (23, 41, 37, 5))
     params = {
         f"w{i}": jax.ShapeDtypeStruct((a, b), jnp.float32)
         for i, (a, b) in enumerate(itertools.pairwise(dims))
     }
     tx = optax.adam(1e-3)
     opt_state = jax.eval_shape(tx.init, params)
-    batch = (jax.ShapeDtypeStruct((29, 23), jnp.float32), jax.ShapeDtypeStruct((29, 5), jnp.float32))
+    batch = tuple(jax.ShapeDtypeStruct((29 * scale, d), jnp.float32) for d in (dims[0], dims[-1]))
     policy = jax.checkpoint_policies.save_only_these_names("pre_act")
 
     @jax.checkpoint
@@ -202,14 +202,40 @@ def test_save_timeline(mlp, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.gpu_compile
-def test_explain_for_a_gpu_target(mlp):
+def test_explain_for_a_gpu_target():
+    """The MLP 4 times as wide: 99.9% of the peak. XLA:GPU's heap leaves holes a freed buffer
+    wide at some sizes, which no live buffer explains: 95.3% at 1 time (tiny buffers, 256-byte
+    alignment), 94.3% at 8 times (one ``f32[232,328]``'s hole at the peak)."""
     if plan.gpu_aot_unavailable() is not None:
         pytest.skip(plan.gpu_aot_unavailable())
-    step, args, _ = mlp
-    why = plan.explain(step, *args, target="h100-80g")
-    report = plan.measure_fn(step, *args, target="h100-80g")
+    step, args = mlp_step(scale=4)
+    with jax.numpy_dtype_promotion("standard"):
+        why = plan.explain(step, *args, target="h100-80g")
+        report = plan.measure_fn(step, *args, target="h100-80g")
     assert why.measured_on == "xla-gpu:h100-80g"
-    assert report.peak_range[0] <= why.peak_bytes <= report.peak_range[1]
+    assert report.peak_range[0] <= why.peak_bytes <= report.peak_range[1]  # the default GEMM's
     assert why.timeline_peak == pytest.approx(why.peak_bytes, rel=0.02), why.describe()
     assert why.attributed >= 0.95
-    assert any(c == "residual: pre_act" for c in why.at_peak)
+    assert why.at_peak["parameters"] == plan.tree_bytes(args[0])
+
+
+@pytest.mark.slow
+@pytest.mark.gpu_compile
+def test_explain_the_transformer_step_for_a_gpu_target():
+    """At d=96 (at d=30 the GPU heap's gaps between tiny buffers are 2.5-3% of the peak)."""
+    if plan.gpu_aot_unavailable() is not None:
+        pytest.skip(plan.gpu_aot_unavailable())
+    config = nn.TransformerConfig.preset(
+        "tiny", d_model=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, ffn_dim=200
+    )
+    workload = plan.Workload(config, 4, 61)
+    why = plan.explain_workload(workload, "full", target="h100-80g")
+    assert why.measured_on == "xla-gpu:h100-80g"
+    compiled = plan.compile_step(workload, "full", target="h100-80g")  # measure's default-GEMM compile
+    ma = compiled.memory_analysis()
+    assert why.peak_bytes == (
+        ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes
+    )
+    assert why.timeline_peak == pytest.approx(why.peak_bytes, rel=0.02), why.describe()
+    assert why.attributed >= 0.95
+    assert why.at_peak["gradients"] > 0 and "residual: scan-stacked" in why.at_peak
