@@ -164,7 +164,8 @@ class FnPlan:
     """The answer of ``plan_fn``.
 
     Attributes:
-        save: the block's names saved (the others are recomputed); None: no remat at all.
+        save: the block's names saved (the others are recomputed; empty: full recompute);
+            None: no remat at all.
         policy: the ``jax.checkpoint`` policy to build the step with (None: no remat).
         budget: bytes. predicted: the model's figures. measured: XLA's (``peak <= budget``).
         recompute_flops: forward FLOPs the backward pass repeats, per step (the graph's).
