@@ -90,6 +90,8 @@ class Instruction:
     """Computations it calls: ``body``, ``condition``, ``calls`` (a fusion's), ``to_apply``."""
     tuple_index: int | None = None
     """A ``get-tuple-element``'s index."""
+    shape: str = ""
+    """Its result's shape (``f32[3,17,30]{2,1,0}``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,6 +290,7 @@ def _read_hlo(text: str) -> tuple[dict, dict]:
             stack,
             called,
             int(tuple_index[1]) if tuple_index else None,
+            m[2],
         )
     return instructions, computations
 

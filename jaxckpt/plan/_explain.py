@@ -22,11 +22,12 @@ Every buffer gets a category:
   ``"parameters"`` for floating point and ``"arguments"`` for the rest (step counters, keys);
   ``arguments=`` names them yourself, by the step's argument names;
 - ``"gradients"``: a backward-pass value (``op_name`` under ``transpose(...)``) of a parameter's
-  shape;
+  shape that outlives the backward pass (or is a loop's carry: a scan's gradient accumulator);
 - ``"residual: <tag>"``: a forward-pass value still live when the backward pass starts, named
   by its ``checkpoint_name`` tag where one was placed on its source line (the tags' source
   lines come from the traced jaxpr; a scan's stacked residuals from the loop body's value
-  that fills them), else ``"residual: <op>"``;
+  that fills them, or, where the body stacks its carry, from the tag its body places on its
+  input: ``layer_input``), else ``"residual: <op>"`` (``"residual: scan-stacked"``);
 - ``"temporary: <op>"``: the rest, by the JAX primitive that made it (``op_name``'s last part);
 - ``"outputs"``: an output of its own (not donated).
 """
@@ -394,6 +395,8 @@ class _Namer:
             if inst.opcode == "while" and "body" in inst.called:
                 self.loop_of[inst.called["body"]] = inst.name
         self.computation_of = {name: comp for comp, names in ba.computations.items() for name in names}
+        backward = [i for i, name in enumerate(ba.sequence) if _backward(self._op_name(name))]
+        self.backward_end = backward[-1] if backward else 0
         self.parameter_shapes = set()
         for allocation in ba.allocations:
             if allocation.kind == "parameter" and allocation.values:
@@ -442,7 +445,10 @@ class _Namer:
         source = self._source(instruction)
         name = _op(op_name) or self._opcode(instruction)
         if _backward(op_name):
-            if _dims(value.shape) in self.parameter_shapes:
+            # a parameter's shape, and kept past the backward pass (to the update) or carried by
+            # its loop: an activation's gradient of the same shape dies inside the pass
+            survives = end >= self.backward_end or self._opcode(instruction) == "while"
+            if _dims(value.shape) in self.parameter_shapes and survives:
                 return "gradients", name, source
             return f"temporary: {name}", name, source
         last_use = self.ba.sequence[end] if end < len(self.ba.sequence) else ""
@@ -480,10 +486,34 @@ class _Namer:
             root = self.instructions.get(body[-1]) if body else None
             k = int(index.split(",")[0])
             if root is not None and root.opcode == "tuple" and k < len(root.operands):
-                return self._stored_tag(root.operands[k], depth + 1)
+                stored = self._stored_tag(root.operands[k], depth + 1)
+                if stored is None and self._stores_carry(root.operands[k], k):
+                    frames = [("scan", file, line) for file, line, _ in inst.frames[:2]]
+                    stored = next((self.sites[f] for f in frames if f in self.sites), None)
+                return stored
         if inst.opcode == "get-tuple-element" and inst.operands:
             return self._tag(inst.operands[0], str(inst.tuple_index), depth + 1)
         return None
+
+    def _stores_carry(self, instruction: str, k: int) -> bool:
+        """Whether a loop body's output ``k`` is a stack its carry is written into: an update of
+        element ``k`` whose update is (a copy of) another array element of the body's input."""
+        inst = self.instructions.get(instruction)
+        if inst is None or inst.opcode not in ("fusion", "dynamic-update-slice"):
+            return False
+        for name in inst.operands[1:]:
+            source = self.instructions.get(name)
+            while source is not None and source.opcode in ("copy", "bitcast") and source.operands:
+                source = self.instructions.get(source.operands[0])
+            if (
+                source is not None
+                and source.opcode == "get-tuple-element"
+                and source.tuple_index != k
+                and _dims(source.shape)
+                and self._opcode(source.operands[0]) == "parameter"
+            ):
+                return True
+        return False
 
     def _stored_tag(self, instruction: str, depth: int) -> str | None:
         """The tag of what a loop body stores at one of its outputs (through the
@@ -538,7 +568,9 @@ def _short(file: str) -> str:
 
 def _tag_sites(step_fn, abstract_args: tuple, target: Target | None) -> dict:
     """``(file, line) -> tag``: where each ``checkpoint_name`` of the traced step was placed
-    (the innermost frame of its call outside JAX and ``jaxckpt._tags``)."""
+    (the innermost frame of its call outside JAX and ``jaxckpt._tags``); and, under the key
+    ``("scan", file, line)``, the tag a scan's body places on its carry (``layer_input``),
+    by the scan's own line: what a loop stacks when it stores its carry."""
     try:
         if target is None:
             closed = jax.make_jaxpr(step_fn)(*abstract_args)
@@ -549,12 +581,31 @@ def _tag_sites(step_fn, abstract_args: tuple, target: Target | None) -> dict:
         return {}
     sites = {}
     for eqn in _equations(closed.jaxpr):
-        if eqn.primitive.name != "name":
-            continue
-        frame = _user_frame(eqn)
-        if frame is not None:
-            sites.setdefault(frame, str(eqn.params["name"]))
+        if eqn.primitive.name == "name":
+            frame = _user_frame(eqn)
+            if frame is not None:
+                sites.setdefault(frame, str(eqn.params["name"]))
+        elif eqn.primitive.name == "scan":
+            frame = _user_frame(eqn)
+            tag = _input_tag(getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"]))
+            if frame is not None and tag is not None:
+                sites.setdefault(("scan", *frame), tag)
     return sites
+
+
+def _input_tag(jaxpr, depth: int = 0) -> str | None:
+    """The tag a jaxpr (or one it calls) places on one of its own inputs."""
+    inputs = set(map(id, jaxpr.invars))
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "name" and id(eqn.invars[0]) in inputs:
+            return str(eqn.params["name"])
+        if depth < 6:
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, tuple | list) else (param,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns") and (tag := _input_tag(inner, depth + 1)):
+                        return tag
+    return None
 
 
 def _equations(jaxpr, depth: int = 0):

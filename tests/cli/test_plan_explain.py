@@ -22,7 +22,7 @@ def test_explain_json_agrees_with_the_measured_peak(capsys, tmp_path):
     assert why["peak_bytes"] == result["measured_bytes"]  # explain compiles the step measure did
     assert why["timeline_peak"] == pytest.approx(why["peak_bytes"], rel=0.02)
     assert why["attributed"] >= 0.95
-    assert {"parameters", "optimizer state", "gradients", "residual: scan-stacked"} <= set(why["at_peak"])
+    assert {"parameters", "optimizer state", "gradients", "residual: layer_input"} <= set(why["at_peak"])
     assert why["top"][0]["category"] == "optimizer state"  # AdamW's two moments
     assert plot.read_bytes()[:4] == b"\x89PNG"
 

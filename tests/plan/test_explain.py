@@ -238,4 +238,4 @@ def test_explain_the_transformer_step_for_a_gpu_target():
     )
     assert why.timeline_peak == pytest.approx(why.peak_bytes, rel=0.02), why.describe()
     assert why.attributed >= 0.95
-    assert why.at_peak["gradients"] > 0 and "residual: scan-stacked" in why.at_peak
+    assert why.at_peak["gradients"] > 0 and "residual: layer_input" in why.at_peak
