@@ -21,6 +21,7 @@ from jaxckpt import plan
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # a Chromium start is seconds
     pytest.mark.skipif(
         CHROMIUM is None,
         reason="Chromium is absent: `make test-browser` installs Debian's chromium and runs these",
