@@ -71,6 +71,33 @@ def test_step_donates_the_state():
     assert memory.alias > 0 and memory.peak == memory.argument + memory.output + memory.temp - memory.alias
 
 
+def test_trainers_share_a_step_only_when_everything_it_depends_on_is_equal():
+    """Trainers of one model structure and options share one jitted step (its trace and
+    compiled program); any option the step depends on gives a step of its own."""
+
+    def make(config=SMALL, init_seed=0, **options):
+        return train.Trainer(nn.Transformer(config, rngs=nnx.Rngs(init_seed)), **options)
+
+    one = make()
+    assert make(init_seed=1)._step is one._step  # the parameters' values are the state's
+    others = {
+        "remat": make(remat="none"),
+        "optimizer": make(optimizer=train.OptimizerConfig(learning_rate=0.5, warmup_steps=0)),
+        "seed": make(seed=3),
+        "context_parallel": make(context_parallel="ring"),
+        "mesh": make(mesh=train.make_mesh({"fsdp": 2}, devices=jax.devices()[:2])),
+        "model": make(SMALL.replace(ffn_dim=24)),
+        "dtype": make(SMALL.replace(dtype="bfloat16", param_dtype="float32")),
+    }
+    for option, trainer in others.items():
+        assert trainer._step is not one._step, option
+    # What a wrongly shared step would hide: another learning rate's second step differs.
+    batch = _tokens((1, 3, 9))
+    fast = others["optimizer"]
+    losses = [(float(one.step(batch)), float(fast.step(batch))) for _ in range(2)]
+    assert losses[0][0] == losses[0][1] and losses[1][0] != losses[1][1], losses
+
+
 def test_bad_batch_is_rejected():
     trainer = train.Trainer(nn.Transformer(SMALL, rngs=nnx.Rngs(0)))
     with pytest.raises(ValueError, match="micro_batches, B, T"):
