@@ -109,7 +109,7 @@ class ProgramModel:
         """The model of a step whose figures under full recompute are ``full`` (however
         compiled: ``measure_fn``, or ``plan.measure`` for jaxckpt's own train step)."""
         state = full.argument + full.output - full.alias
-        working = full.peak - state - graph.block.count * graph.stored_bytes(FULL)
+        working = full.peak - state - graph.block.count * graph.full_stored_bytes
         return cls(graph, state, max(working, 0), full)
 
     def predict(self, policy: "Callable | Collection[str] | None") -> FnPrediction:
@@ -122,7 +122,7 @@ class ProgramModel:
         if policy is not None and not callable(policy):
             policy = self.graph.policy(policy)
         stored = self.graph.stored_bytes(policy)
-        kept_more = stored - self.graph.stored_bytes(FULL)
+        kept_more = stored - self.graph.full_stored_bytes
         return FnPrediction(self.state, stored, self.count, max(self.working - kept_more, 0))
 
 

@@ -27,6 +27,7 @@ graph's sum over saved names is its linear model, which the MILP needs.
 """
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Collection
@@ -252,6 +253,12 @@ class ProgramGraph:
         tags = [n for n in save if not self.signatures.get(n)]
         sigs = [s for n in save for s in self.signatures.get(n, ())]
         return names_policy(tags, sigs)
+
+    @functools.cached_property
+    def full_stored_bytes(self) -> int:
+        """``stored_bytes`` under full recompute (``nothing_saveable``): the block's input,
+        and whatever else JAX cannot recompute."""
+        return self.stored_bytes(jax.checkpoint_policies.nothing_saveable)
 
     def stored_bytes(self, policy: "Callable | None") -> int:
         """Bytes one block keeps for the backward pass under ``policy`` (None: no
