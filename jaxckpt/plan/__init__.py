@@ -18,7 +18,8 @@ Modules, bottom to top (each imports only those before it): ``_workload``,
 ``_devices``, ``_tpu_targets``, ``_targets``, ``_compilers``, ``_specs``, ``_state``, ``_layer_costs``,
 ``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``, ``_buffer_assignment``,
 ``_explain``, ``_working_set``,
-``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_solver``, ``_table``, ``_auto``, ``_max_seq``.
+``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_per_layer``, ``_solver``, ``_table``, ``_auto``,
+``_max_seq``.
 
 Compressed residuals (``RematSpec.compress``, int8 / fp8) are priced throughout: their stored
 bytes, their dequantized copy in a layer's backward pass, their (de)quantization's FLOPs and
@@ -45,6 +46,7 @@ from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._max_seq import MaxSeqAnswer, SeqPlan, describe_max_seq, max_seq
 from jaxckpt.plan._measure import CPU_CAVEAT, measure, measure_fn
 from jaxckpt.plan._milp import solve
+from jaxckpt.plan._per_layer import choice_layered, layered_choices, predict_layered, uniform_candidates
 from jaxckpt.plan._plan_fn import FnPlan, FnPrediction, ProgramModel, plan_fn, program_model
 from jaxckpt.plan._program_graph import Block, ProgramGraph, program_graph
 from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
@@ -105,6 +107,7 @@ __all__ = [
     "aot_unavailable",
     "by_cost",
     "choice",
+    "choice_layered",
     "compile_step",
     "compile_target",
     "compressed_tag_bytes",
@@ -119,6 +122,7 @@ __all__ = [
     "gpu_target",
     "korthikanti_bytes",
     "layer_graph",
+    "layered_choices",
     "max_seq",
     "measure",
     "measure_fn",
@@ -126,6 +130,7 @@ __all__ = [
     "plan_fn",
     "plan_memory",
     "predict",
+    "predict_layered",
     "preset_table",
     "program_graph",
     "program_model",
@@ -143,6 +148,7 @@ __all__ = [
     "tpu_aot_unavailable",
     "trainable_bytes",
     "tree_bytes",
+    "uniform_candidates",
     "widened_bytes",
     "xla_step_cost",
 ]

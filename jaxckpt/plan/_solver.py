@@ -10,6 +10,10 @@ Compression (``RematSpec.compress``) is the solver's fourth choice only with
 ``allow_compress``: it changes the gradients slightly, so it is never chosen unasked.
 ``compress`` is ``jaxckpt train --compress``: every spec the planner considers keeps its
 kept tags compressed in that format (``compress_tags``: only those).
+
+With ``per_layer`` the spec may differ across the stack (``remat.Layered``): the first k
+layers under a richer spec than the rest, the split found by ``layered_choices`` (the
+uniform specs among the candidates), compiled cheapest first until one fits.
 """
 
 import dataclasses
@@ -23,10 +27,11 @@ from jaxckpt.plan._devices import DevicePreset, device_preset
 from jaxckpt.plan._infeasible import held_bytes, infeasible_message, splits
 from jaxckpt.plan._measure import measure
 from jaxckpt.plan._milp import solve
+from jaxckpt.plan._per_layer import choice_layered, layered_choices, predict_layered, uniform_candidates
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._targets import Target, compile_target
 from jaxckpt.plan._workload import Workload, require_workload
-from jaxckpt.remat import FORMATS, PRESETS, RematSpec, Tag
+from jaxckpt.remat import FORMATS, PRESETS, Layered, RematSpec, Tag
 from jaxckpt.train import MemoryReport
 
 MAX_ATTEMPTS = 10
@@ -66,7 +71,8 @@ class MemoryPlan:
     """The answer of ``plan_memory``.
 
     Attributes:
-        spec: the chosen ``RematSpec``; ``remat`` names it (a preset name or ``"solved"``).
+        spec: the chosen ``RematSpec`` (a ``remat.Layered`` one under ``per_layer``); ``remat``
+            names it (a preset name, ``"solved"``, or the groups: ``"2 x save_attn + 4 x full"``).
         budget: bytes allowed. predicted: the analytic figures of ``spec``.
         measured: XLA's figures for ``spec`` (``measured.peak <= budget``).
         recompute_flops: forward FLOPs the backward pass repeats, per step.
@@ -89,7 +95,7 @@ class MemoryPlan:
         (True, True)
     """
 
-    spec: RematSpec
+    spec: "RematSpec | Layered"
     remat: str
     budget: int
     predicted: Prediction
@@ -112,9 +118,13 @@ class MemoryPlan:
         """The chosen spec and its figures, JSON-ready; ``compressed`` lists each compressed
         tag with its format and its stored bytes (every layer's, one micro-batch's) beside
         what it would take uncompressed."""
+        if isinstance(self.spec, Layered):
+            spec = {"groups": [{"layers": count, **spec_dict(group)} for count, group in self.spec.groups]}
+        else:
+            spec = spec_dict(self.spec)
         out = {
             "remat": self.remat,
-            "spec": spec_dict(self.spec),
+            "spec": spec,
             "predicted_bytes": self.predicted.total,
             "measured_bytes": self.measured.peak,
             "host_bytes": self.predicted.host,
@@ -157,6 +167,7 @@ def plan_memory(
     allow_compress: bool = False,
     compress: str | None = None,
     compress_tags: "Collection[Tag | str] | None" = None,
+    per_layer: bool = False,
 ) -> MemoryPlan:
     """The remat spec of least recompute whose compiled peak fits ``budget`` bytes.
 
@@ -188,6 +199,12 @@ def plan_memory(
             compressed (``jaxckpt train --compress``: ``remat.compressed(spec, compress)``),
             but ``Tag.ATTN_LSE``. None: nothing is compressed unless ``allow_compress``.
         compress_tags: with ``compress``, only these tags are compressed where kept.
+        per_layer: let the spec differ across the stack (``remat.Layered``): the first k
+            layers under a richer spec than the rest, where that fits the budget at less
+            recompute than any uniform spec (``layered_choices``; the uniform specs are
+            among its choices, so the plan never recomputes more than without it). Mixes
+            remat'd specs without offload or compression; not with ``allow_compress`` or
+            ``compress``.
 
     Returns:
         A ``MemoryPlan`` whose ``measured.peak <= budget * (1 - headroom)``.
@@ -213,11 +230,18 @@ def plan_memory(
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"plan_memory: headroom={headroom!r} must be in [0, 1)")
     squeeze = _Compression.of(allow_compress, compress, compress_tags)
+    if not isinstance(per_layer, bool):
+        raise ValueError(f"plan_memory: per_layer={per_layer!r} must be True or False")
+    if per_layer and (allow_compress or compress is not None):
+        raise ValueError(
+            "plan_memory: per_layer=True mixes uncompressed specs; it does not go with allow_compress= "
+            "or compress= (plan one or the other)"
+        )
     device = device_preset(device) if isinstance(device, str) else device
     limit = int(budget * (1 - headroom))
     target = None if target is None else compile_target(target)
     offload = target is not None if offload is None else offload
-    compiler = _Compiler(target, autotune_results, offload, squeeze)
+    compiler = _Compiler(target, autotune_results, offload, squeeze, per_layer)
     try:
         return _plan_whole(workload, budget, limit, device, compiler)
     except BudgetError as err:
@@ -285,11 +309,16 @@ class _Compiler:
     autotune_results: "str | os.PathLike | None"
     offload: bool
     compression: _Compression = _Compression()
+    per_layer: bool = False
 
     def predict(self, workload: Workload, spec) -> Prediction:
+        if isinstance(spec, Layered):
+            return predict_layered(workload, spec, target=self.target)
         return predict(workload, spec, target=self.target)
 
     def choice(self, workload: Workload, spec) -> Choice:
+        if isinstance(spec, Layered):
+            return choice_layered(workload, spec, target=self.target)
         return choice(workload, spec, target=self.target)
 
     def measure(self, workload: Workload, spec) -> MemoryReport:
@@ -329,16 +358,25 @@ def _plan_whole(
     if compiler.predict(workload, none).total <= limit * (1 + CHECK_MARGIN) and try_spec(none).peak <= limit:
         return found(none)  # no recompute at all
     excluded: list[RematSpec] = []
+    candidates = (
+        uniform_candidates(workload, target=compiler.target, device=device) if compiler.per_layer else ()
+    )
     for _ in range(MAX_ATTEMPTS):
-        spec = solve(
-            workload,
-            aim,
-            device=device,
-            offload=compiler.offload,
-            exclude=excluded,
-            target=compiler.target,
-            **squeeze.solver_options(),
-        )
+        if compiler.per_layer:
+            fitting = layered_choices(
+                workload, aim, target=compiler.target, candidates=candidates, exclude=excluded
+            )
+            spec = fitting[0].spec if fitting else None
+        else:
+            spec = solve(
+                workload,
+                aim,
+                device=device,
+                offload=compiler.offload,
+                exclude=excluded,
+                target=compiler.target,
+                **squeeze.solver_options(),
+            )
         if spec is None:
             break
         measured = try_spec(spec)
@@ -366,7 +404,7 @@ def _plan(workload: Workload, budget: int, c: Choice, measured, minimum, attempt
     return MemoryPlan(
         workload=workload,
         spec=c.spec,
-        remat=spec_name(c.spec),
+        remat=c.spec.describe() if isinstance(c.spec, Layered) else spec_name(c.spec),
         budget=budget,
         predicted=c.predicted,
         measured=measured,
