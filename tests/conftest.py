@@ -121,7 +121,25 @@ def _resident_gib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--grid",
+        action="store_true",
+        help="also run the full cross products of the grids (the tests marked grid; "
+        "JAXCKPT_FULL_GRID=1 does the same)",
+    )
+
+
+def _full_grid(config) -> bool:
+    return config.getoption("--grid", default=False) or os.environ.get("JAXCKPT_FULL_GRID") == "1"
+
+
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "grid: a case of a grid's full cross product beyond its covering design; run only with "
+        "--grid or JAXCKPT_FULL_GRID=1 (docs/contributing.md)",
+    )
     # JAXCKPT_COMPILE_PROFILE=<dir>: trace, lowering and compile time per test (compile_profile.py).
     if os.environ.get("JAXCKPT_COMPILE_PROFILE"):
         from compile_profile import CompileProfile
@@ -171,6 +189,13 @@ _PROBES = {
 
 
 def pytest_collection_modifyitems(config, items):
+    # The grids' cases beyond their covering designs run with --grid only (deselected, not
+    # skipped: the run lists none of them).
+    if not _full_grid(config):
+        beyond = [item for item in items if item.get_closest_marker("grid")]
+        if beyond:
+            config.hook.pytest_deselected(items=beyond)
+            items[:] = [item for item in items if not item.get_closest_marker("grid")]
     reasons: dict[str, str | None] = {}  # probe each marker once, only if a test uses it
     for item in items:
         for marker, probe in _PROBES.items():

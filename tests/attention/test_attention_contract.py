@@ -6,10 +6,19 @@ gradients wrt q, k, v and bias of ``sum(out * w)`` (``w`` random) with
 
 The grid is a covering design, not a cartesian product (that would take hours):
 
-- every feature alone, and every pair of features, in float32 at two shapes;
+- every feature alone, in float32 at two shapes;
+- every pair of features, met in one of 11 sets of three features (``FEATURE_TRIPLES``, a
+  pairwise covering of the 8 features), each kernel given the triples cut down to the
+  features it supports, so that every kernel meets every pair of its features;
 - all 16 (T, S) pairs over {1, 7, 129, 300} with one feature set, cycling through
-  every H in {16, 40, 64}, (N, K) in {(3, 1), (6, 3), (6, 1), (3, 3)}, B and blocks;
+  every H in {16, 40, 64}, (N, K) in {(3, 1), (6, 3), (6, 1), (3, 3)}, B and blocks, each
+  pair on one compiled kernel, in turns (``(i_T + i_S) mod kernels``: every kernel still
+  meets every T, every S, H, (N, K), B and block);
 - every feature once in bfloat16 or float16, and all features at once in each dtype.
+
+The full cross products (every pair of features alone on every kernel, every (T, S) pair on
+every compiled kernel) are marked ``grid``: ``pytest --grid`` (or ``JAXCKPT_FULL_GRID=1``)
+runs them as well.
 
 "reference" itself is a registered implementation; checked against itself it only
 tests dispatch, so it runs on the single-feature grid and the edge cases only.
@@ -67,12 +76,56 @@ def _feature_cases() -> list[tuple[Case, bool]]:
 
 
 def _pair_cases() -> list[tuple[Case, bool]]:
+    """Every pair of features alone (the full grid: ``--grid``)."""
     pairs = itertools.combinations(FEATURES, 2)
     shapes = itertools.cycle((SHAPE_A, SHAPE_B))
     return [
         (Case(**shape, features=f, variant=i, seed=100 + i), True)
         for i, (f, shape) in enumerate(zip(pairs, shapes, strict=False))
     ]
+
+
+FEATURE_TRIPLES = (
+    ("bias", "mask", "segments"),
+    ("bias", "causal", "dropout"),
+    ("bias", "lengths", "window"),
+    ("bias", "lengths", "softcap"),
+    ("mask", "causal", "lengths"),
+    ("mask", "window", "segments"),
+    ("mask", "softcap", "dropout"),
+    ("causal", "window", "softcap"),
+    ("causal", "segments", "dropout"),
+    ("lengths", "window", "dropout"),
+    ("lengths", "segments", "softcap"),
+)
+"""A pairwise covering of the 8 features by 11 triples (the fewest there can be): every pair
+of features is in one of them. Bias and mask are each in four, given the variants 0 to 3
+(``TRIPLE_VARIANTS``): every broadcast shape of both."""
+TRIPLE_VARIANTS = (0, 1, 2, 3, 1, 2, 3, 0, 1, 2, 3)
+
+
+def runnable_features(impl: str) -> set[str]:
+    """The features ``impl`` is checked on here (as ``_skip_unsupported`` decides): those it
+    supports, less dropout where it draws its own mask (tested in its own suite)."""
+    implementation = implementations()[impl]
+    return set(implementation.supports) - (set() if implementation.shares_dropout_mask else {"dropout"})
+
+
+def runs(impl: str, case: Case) -> bool:
+    """Whether ``check_against_reference(impl, case)`` checks rather than skips."""
+    return set(case.features) <= runnable_features(impl) and not (impl == "cudnn" and case.dtype == "float32")
+
+
+def _triple_cases(impl: str) -> list[tuple[Case, bool]]:
+    """``FEATURE_TRIPLES``, each cut down to the features ``impl`` supports (a pair it
+    supports stays together), at the two shapes in turn."""
+    runnable, cases = runnable_features(impl), []
+    for i, (triple, variant) in enumerate(zip(FEATURE_TRIPLES, TRIPLE_VARIANTS, strict=True)):
+        features = tuple(f for f in triple if f in runnable)
+        if features:
+            shape = (SHAPE_A, SHAPE_B)[i % 2]
+            cases.append((Case(**shape, features=features, variant=variant, seed=600 + i), False))
+    return cases
 
 
 def _shape_cases() -> list[tuple[Case, bool]]:
@@ -113,12 +166,19 @@ def _dtype_cases() -> list[tuple[Case, bool]]:
     return cases
 
 
-def _params(cases: list[tuple[Case, bool]], impls=IMPLS):
+def _params(cases: list[tuple[Case, bool]], impls=IMPLS, grid=lambda impl, i: False):
     """One param per (implementation, case). ``slow`` cases run in ``make test`` only, and so
     does every other case of each family (the fast tier, ``make test-fast``, keeps the even
-    ones: each family's features still meet every implementation there)."""
+    ones: each family's features still meet every implementation there). ``grid(impl, i)``:
+    whether the param of ``impl`` and the ``i``-th case is the full grid's only (marked
+    ``grid``: ``pytest --grid`` runs it)."""
     return [
-        pytest.param(impl, case, id=f"{impl}-{case.id}", marks=[pytest.mark.slow] if slow or i % 2 else [])
+        pytest.param(
+            impl,
+            case,
+            id=f"{impl}-{case.id}",
+            marks=[pytest.mark.slow] * bool(slow or i % 2) + [pytest.mark.grid] * grid(impl, i),
+        )
         for i, (case, slow) in enumerate(cases)
         for impl in impls
     ]
@@ -168,20 +228,71 @@ def test_each_feature_alone(impl, case):
     check_against_reference(impl, case)
 
 
-@pytest.mark.parametrize(("impl", "case"), _params(_pair_cases(), KERNELS))
+TRIPLE_PARAMS = [p for impl in KERNELS for p in _params(_triple_cases(impl), [impl])]
+
+
+@pytest.mark.parametrize(("impl", "case"), TRIPLE_PARAMS)
+def test_feature_triples(impl, case):
+    check_against_reference(impl, case)
+
+
+@pytest.mark.parametrize(("impl", "case"), _params(_pair_cases(), KERNELS, grid=lambda impl, i: True))
 def test_feature_pairs(impl, case):
     check_against_reference(impl, case)
 
 
 def _shape_params():
+    """Each (T, S) pair on one of the compiled kernels that run its features, in turns
+    (``(i_T + i_S) mod n``: each kernel meets every T, S, H, (N, K), B and block), and on
+    every one of them in the full grid; the interpreted kernels (Pallas off a GPU) on
+    ``INTERPRETED_SHAPES``."""
     compiled = [impl for impl in KERNELS if impl not in INTERPRETED]
-    fewer = [c for i, c in enumerate(_shape_cases()) if i in INTERPRETED_SHAPES]
-    return _params(_shape_cases(), compiled) + _params(fewer, INTERPRETED)
+    cases = _shape_cases()
+
+    def off_turn(impl: str, i: int) -> bool:
+        takers = [k for k in compiled if runs(k, cases[i][0])]
+        return not takers or impl != takers[(i // len(LENGTHS) + i % len(LENGTHS)) % len(takers)]
+
+    fewer = [c for i, c in enumerate(cases) if i in INTERPRETED_SHAPES]
+    return _params(cases, compiled, grid=off_turn) + _params(fewer, INTERPRETED)
 
 
-@pytest.mark.parametrize(("impl", "case"), _shape_params())
+SHAPE_PARAMS = _shape_params()
+
+
+@pytest.mark.parametrize(("impl", "case"), SHAPE_PARAMS)
 def test_all_length_pairs(impl, case):
     check_against_reference(impl, case)
+
+
+def _default_params(params) -> list[tuple[str, Case]]:
+    """The (implementation, case) pairs of ``params`` that ``make test`` runs (not ``grid``)."""
+    return [p.values for p in params if not any(m.name == "grid" for m in p.marks) and runs(*p.values)]
+
+
+def test_the_triples_meet_every_pair_of_features_on_every_kernel():
+    """The covering design keeps what the pairs grid gave: on each kernel, every pair of the
+    features it runs shares a case, and bias and mask take every broadcast shape."""
+    for impl in KERNELS:
+        runnable = runnable_features(impl)
+        cases = [case for i, case in _default_params(TRIPLE_PARAMS) if i == impl]
+        met = {pair for case in cases for pair in itertools.combinations(sorted(case.features), 2)}
+        assert met == set(itertools.combinations(sorted(runnable), 2)), impl
+        for feature in {"bias", "mask"} & runnable:
+            assert {c.variant % 4 for c in cases if feature in c.features} == {0, 1, 2, 3}, (impl, feature)
+
+
+def test_every_length_pair_runs_and_every_kernel_meets_every_length():
+    params = _default_params(SHAPE_PARAMS)
+    assert {(c.t, c.s) for _, c in params} == set(itertools.product(LENGTHS, LENGTHS))
+    for impl in {impl for impl, _ in params}:
+        cases = [c for i, c in params if i == impl]
+        if impl in INTERPRETED:
+            continue
+        for field in ("t", "s", "h", "b", "block"):
+            values = {getattr(c, field) for c in cases}
+            assert values == {getattr(c, field) for c, _ in _shape_cases()}, (impl, field, values)
+        assert {(c.n, c.k) for c in cases} == set(HEADS), impl
 
 
 @pytest.mark.parametrize(("impl", "case"), _params(_dtype_cases(), KERNELS))
