@@ -19,6 +19,12 @@ Usage::
         [--compiles 3] [--out benchmarks/results/long_context.json]
 
 Writes the JSON after every row, so an interrupted run keeps what it measured.
+
+``--replay`` compiles nothing: it predicts each row of ``--out`` again with today's model at
+the row's own ``max_seq`` and plan, beside the stored measurement (a change to the model
+checked in seconds; a row whose predicted max T moves must still be measured again)::
+
+    python benchmarks/speed/bench_long_context.py --replay
 """
 
 import argparse
@@ -35,6 +41,7 @@ from rich.console import Console
 from jaxckpt import nn, plan
 from jaxckpt.nn import LORA_TARGETS
 from jaxckpt.plan._max_seq import at_length
+from jaxckpt.remat import RematSpec
 
 TILE = 4096
 """Tokens per MLP chunk of the tiled rows."""
@@ -101,6 +108,46 @@ def row(key: str, label: str, options: dict, split: bool, target: str, compiles:
     return out
 
 
+def replayed(r: dict, target: str) -> dict:
+    """The stored row ``r`` predicted again by today's model at its ``max_seq`` and plan:
+    ``{"predicted", "measured", "error"}`` (bytes; the error against the stored measurement)."""
+    make, _, _ = MODELS[r["model"]]
+    sizes = {"batch": r["devices"] // r["seq_shards"], "seq": 2 * r["seq_shards"]}
+    workload = plan.Workload(make(), **sizes, devices=r["devices"], seq_shards=r["seq_shards"])
+    spec = RematSpec(**r["plan"]["spec"])
+    predicted = plan.predict(at_length(workload, r["max_seq"], r["plan"]["mlp_chunk"]), spec, target=target)
+    measured = r["measured_bytes"]
+    return {"predicted": predicted.total, "measured": measured, "error": predicted.total / measured - 1}
+
+
+def print_replay(rows: list[dict], target: str) -> None:
+    """Each stored row's stored and replayed prediction error, then the median and worst |error|."""
+    t = harness.table(
+        f"Stored rows predicted again (no compile), {target}",
+        "model",
+        ["feature", "max T", "measured", "stored pred.", "stored err", "predicted now", "error now"],
+    )
+    errors = []
+    for r in rows:
+        now = replayed(r, target)
+        errors.append(abs(now["error"]))
+        t.add_row(
+            r["model"],
+            r["feature"],
+            f"{r['max_seq']:,}",
+            plan.format_bytes(r["measured_bytes"]),
+            plan.format_bytes(r["predicted_bytes"]),
+            f"{100 * (r['predicted_bytes'] / r['measured_bytes'] - 1):+.1f}%",
+            plan.format_bytes(now["predicted"]),
+            f"{100 * now['error']:+.1f}%",
+        )
+    Console(width=200).print(t)
+    if errors:
+        errors.sort()
+        median = (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2
+        print(f"|error| now: median {100 * median:.1f}%, worst {100 * errors[-1]:.1f}% ({len(errors)} rows)")
+
+
 def print_table(rows: list[dict], target: str) -> None:
     t = harness.table(
         f"Longest trainable T, B=1, compiled for {target} by XLA (deviceless: never ran on the device)",
@@ -134,7 +181,14 @@ def main(argv=None) -> int:
     parser.add_argument("--compiles", type=int, default=3, help="compiles per row, at most")
     parser.add_argument("--out", default=str(harness.RESULTS / "long_context.json"))
     parser.add_argument("--resume", action="store_true", help="keep the rows --out already holds")
+    parser.add_argument(
+        "--replay", action="store_true", help="predict --out's rows again at their max T (no compile)"
+    )
     args = parser.parse_args(argv)
+    if args.replay:
+        payload = json.loads(Path(args.out).read_text())
+        print_replay(payload["rows"], payload["target"])
+        return 0
     missing = plan.aot_unavailable(args.target)
     if missing:
         print(f"cannot compile for {args.target}: {missing}", file=sys.stderr)
