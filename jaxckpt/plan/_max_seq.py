@@ -203,6 +203,19 @@ def _round(seq: int, multiple: int) -> int:
     return max(multiple, seq // multiple * multiple)
 
 
+def _host_bound(workload: Workload, plan: SeqPlan, host_budget, target, multiple: int, limit_seq: int) -> int:
+    """The longest T at which ``plan``'s predicted host memory is within ``host_budget``
+    (``limit_seq`` without one): the compiled confirmation moves T by the device's figures
+    alone, and must not move it past the host's."""
+    if host_budget is None:
+        return limit_seq
+
+    def fits(seq: int) -> bool:
+        return predict(at_length(workload, seq, plan.mlp_chunk), plan.spec, target=target).host <= host_budget
+
+    return _search(fits, multiple, limit_seq)
+
+
 def _search(fits, multiple: int, limit_seq: int) -> int:
     """The largest multiple of ``multiple`` up to ``limit_seq`` for which ``fits`` holds (0:
     none), ``fits`` being monotone: doubling, then bisection."""
@@ -238,7 +251,8 @@ def max_seq(
 
     The analytic search keeps the longest T at which some candidate plan is predicted within
     the budgets, and the cheapest plan there. Then that plan is compiled: at that T, and at a
-    T moved by the measured over- or under-shoot (the state is fixed, the rest grows with T),
+    T moved by the measured over- or under-shoot (the state is fixed, the rest grows with T;
+    never past the longest T whose predicted host memory is within ``host_budget``),
     then bisected between the longest compiled fit and the shortest compiled miss, within
     ``compiles`` compiles. The answer is the longest T the compiler confirmed.
 
@@ -310,6 +324,7 @@ def max_seq(
         return MaxSeqAnswer(0, 0, None, 0, 0, 0, limit, "", notes=notes, caveat=caveat)
     plan, prediction = found[predicted_seq]
     fixed = prediction.params + prediction.grads + prediction.optimizer  # what T does not change
+    longest = _host_bound(workload, plan, host_budget, target, multiple, limit_seq)
     attempts, seq, best, miss = [], predicted_seq, None, None
     while len(attempts) < compiles and seq not in {a["seq"] for a in attempts}:
         measured = measure(at_length(workload, seq, plan.mlp_chunk), plan.spec, target=target)
@@ -326,6 +341,7 @@ def max_seq(
             scale = (limit - fixed) / max(1, measured.peak - fixed)
             seq = _round(int(seq * scale * (0.99 if fits_here else 0.98)), multiple)
             seq = min(seq, miss - multiple) if miss is not None else seq
+        seq = min(seq, longest)  # the compiler checks the device; the host is predicted
         if (miss is not None and miss - low <= multiple) or seq <= low:
             break
     if best is None:

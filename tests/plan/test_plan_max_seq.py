@@ -12,7 +12,7 @@ import pytest
 
 from jaxckpt import nn, plan, remat
 from jaxckpt.cli import main
-from jaxckpt.plan._max_seq import _Compression, _fitting, _plans, at_length
+from jaxckpt.plan._max_seq import _Compression, _fitting, _host_bound, _plans, at_length
 
 CONFIG = nn.TransformerConfig.preset(
     "tiny", n_layers=2, d_model=72, n_heads=3, n_kv_heads=1, ffn_dim=200, vocab_size=301
@@ -154,3 +154,19 @@ def test_allow_compress_lets_the_solvers_candidate_compress_where_it_is_cheaper(
         assert bool(chosen.spec.compress) == allow and predicted.total <= DEEP_BUDGET
         seconds[allow] = plan.choice(at_length(DEEP, 1408), chosen.spec).seconds(cpu)
     assert seconds[True] <= seconds[False]
+
+
+@pytest.mark.slow  # a dozen predictions at new lengths
+def test_the_compiles_never_move_past_the_host_budget():
+    """The compiled confirmation moves T by the device's figures: ``_host_bound`` caps it at the
+    longest T whose predicted host memory is within the host budget."""
+    workload, offload = plan.Workload(CONFIG, batch=1, seq=1), plan.SeqPlan(remat.get("offload_full"), None)
+    host = 3 * 2**20
+    longest = _host_bound(workload, offload, host, None, MULTIPLE, 8192)
+    assert longest > 0 and longest % MULTIPLE == 0
+
+    def host_at(seq: int) -> int:
+        return plan.predict(at_length(workload, seq), offload.spec).host
+
+    assert host_at(longest) <= host < host_at(longest + MULTIPLE)
+    assert _host_bound(workload, offload, None, None, MULTIPLE, 8192) == 8192
