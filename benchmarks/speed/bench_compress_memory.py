@@ -20,7 +20,8 @@ of int8 at most 0.55x of bf16's.
 ``--max-seq``: the longest sequence instead (``plan.max_seq``, the JSON's ``max_seq`` rows) of
 ``llama3.1-8b`` QLoRA (nf4 base, r=32 on q, k, v, o, gate, up, down), B=1, on the whole
 ``h100-80g``: ``offload_full`` with the MLP tiled by 4096 tokens, without and with the layer
-inputs (the offloaded boundaries) in int8 (``max_seq(compress="int8")``), each searched on the
+inputs (the offloaded boundaries) in int8 (``max_seq(compress="int8")``), with all the host
+memory they take and with at most 128 GiB of it (``host_budget``), each searched on the
 analytic model and confirmed by at most ``--compiles`` XLA:GPU compiles (1-3 minutes each here).
 
 Usage::
