@@ -301,11 +301,7 @@ def run(args: argparse.Namespace) -> int:
     notes = [n for n in (dtype_note, target_note) if n]
     tags = compress_tags(args)
     if args.max_seq:
-        if args.allow_compress or args.compress is not None:
-            raise ValueError(
-                "--max-seq does not plan compressed residuals: leave out --allow-compress and --compress"
-            )
-        return longest(args, workload, budget, notes, target)
+        return longest(args, workload, budget, notes, target, tags)
     if args.remat is not None:
         if args.allow_compress:
             raise ValueError(
@@ -485,7 +481,12 @@ def explain_dict(why: plan.Explanation, top: int = 10) -> dict:
 
 
 def longest(
-    args: argparse.Namespace, workload: plan.Workload, budget: int, notes: list[str], target: str | None
+    args: argparse.Namespace,
+    workload: plan.Workload,
+    budget: int,
+    notes: list[str],
+    target: str | None,
+    tags: "list[str] | None" = None,
 ) -> int:
     """``--max-seq``: the longest T that fits, its plan and its compiled peak; 0 when one fits, else 1."""
     if args.remat is not None:
@@ -497,6 +498,9 @@ def longest(
         target=target,
         headroom=args.headroom,
         host_budget=args.host_memory,
+        compress=args.compress,
+        compress_tags=tags,
+        allow_compress=args.allow_compress,
     )
     result = {**answer.to_dict(), "notes": [*notes, *answer.notes]}
     if args.json:

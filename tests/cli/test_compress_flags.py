@@ -121,9 +121,21 @@ def test_plan_refuses_bad_compression(argv, message, capsys):
     assert message in err, err
 
 
-def test_plan_max_seq_refuses_compression(capsys):
-    argv = ["plan", "--model", "tiny", "--batch", "1", "--max-seq", "--budget", "1GiB", "--allow-compress"]
-    assert "--max-seq does not plan compressed residuals" in _error(capsys, argv)
+def test_plan_max_seq_searches_with_the_compression(monkeypatch):
+    def recorder(workload, budget, **kwargs):
+        raise Recorded(kwargs)
+
+    monkeypatch.setattr(jaxckpt.plan, "max_seq", recorder)
+    argv = ["plan", "--model", "tiny", "--batch", "1", "--max-seq", "--budget", "1GiB"]
+    with pytest.raises(Recorded) as recorded:
+        main([*argv, "--compress", "int8", "--compress-tags", "layer_input"])
+    (kwargs,) = recorded.value.args
+    assert kwargs["compress"] == "int8" and kwargs["compress_tags"] == ["layer_input"]
+    assert kwargs["allow_compress"] is False
+    with pytest.raises(Recorded) as recorded:
+        main([*argv, "--allow-compress"])
+    (kwargs,) = recorded.value.args
+    assert kwargs["allow_compress"] is True and kwargs["compress"] is None
 
 
 def test_chosen_line_lists_compressed_tags_and_bytes():

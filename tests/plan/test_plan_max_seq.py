@@ -95,7 +95,15 @@ def test_cli_max_seq_json(capsys, monkeypatch):
     result = json.loads(capsys.readouterr().out)
     ((workload, budget, options),) = calls
     assert workload.batch == 1 and workload.config.mlp_chunk == 256 and budget == BUDGET
-    assert options == {"device": None, "target": None, "headroom": 0.1, "host_budget": 2**30}
+    assert options == {
+        "device": None,
+        "target": None,
+        "headroom": 0.1,
+        "host_budget": 2**30,
+        "compress": None,
+        "compress_tags": None,
+        "allow_compress": False,
+    }
     assert code == 0 and result["max_seq"] == _answer().max_seq
     assert result["plan"]["remat"] and result["measured_bytes"] <= result["usable_bytes"]
 
