@@ -77,7 +77,7 @@ def test_the_uniform_candidates_are_a_frontier():
     assert all(a[0] > b[0] and a[1] < b[1] for a, b in itertools.pairwise(priced))
 
 
-@pytest.mark.slow  # about 6 s: three compiled train steps
+@pytest.mark.slow  # about 6 s on an idle machine (210 s under a load of 20): four compiled train steps
 def test_a_mixed_stack_is_predicted_within_10_percent_of_xla():
     for spec in (MIXED, Layered(((3, "minimal"), (2, "ratio_0.5")))):
         predicted, measured = plan.predict_layered(W, spec).total, _measured(spec).peak
@@ -85,14 +85,19 @@ def test_a_mixed_stack_is_predicted_within_10_percent_of_xla():
     assert _measured(FULL).peak < _measured(MIXED).peak < _measured(ATTN).peak
 
 
-@pytest.mark.slow  # 10-20 s: the uniform peaks, and the plan's compiles
-def test_plan_memory_per_layer_uses_a_budget_between_two_specs():
+@pytest.mark.slow  # 10-20 s on an idle machine (170 s under a load of 20): the plans' compiles
+def test_plan_memory_per_layer_fits_and_never_recomputes_more_than_the_uniform_plan():
+    """Halfway between ``full``'s and ``save_attn``'s measured peaks. On this small step the
+    state outweighs the activations and the model's few % over XLA cover one layer's step,
+    so the plan may well be uniform; ``test_the_choices_fit_the_budget_cheapest_first_and_use_it``
+    and ``benchmarks/speed/bench_per_layer.py`` show the splits used."""
     budget = (_measured(FULL).peak + _measured(ATTN).peak) // 2
     uniform = plan.plan_memory(W, budget)
     layered = plan.plan_memory(W, budget, per_layer=True)
     assert layered.measured.peak <= budget
-    assert layered.recompute_flops < uniform.recompute_flops
-    assert isinstance(layered.spec, Layered) and layered.remat == layered.spec.describe()
-    groups = layered.to_dict()["spec"]["groups"]
-    assert sum(g["layers"] for g in groups) == CONFIG.n_layers
+    assert layered.recompute_flops <= uniform.recompute_flops
     assert abs(layered.predicted.total / layered.measured.peak - 1) < 0.10
+    if isinstance(layered.spec, Layered):
+        assert layered.remat == layered.spec.describe()
+        groups = layered.to_dict()["spec"]["groups"]
+        assert sum(g["layers"] for g in groups) == CONFIG.n_layers
