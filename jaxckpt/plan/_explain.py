@@ -43,6 +43,7 @@ import numpy as np
 from jaxckpt._sizes import format_bytes
 from jaxckpt.plan._buffer_assignment import BufferAssignment, dump_options, no_cache_writes, read_dump
 from jaxckpt.plan._compile import compile_fn, compiled_report, train_step_and_args
+from jaxckpt.plan._program_graph import subjaxprs
 from jaxckpt.plan._targets import Target, compile_target, deviceless
 from jaxckpt.plan._workload import Workload
 from jaxckpt.remat import RematSpec
@@ -600,11 +601,9 @@ def _input_tag(jaxpr, depth: int = 0) -> str | None:
         if eqn.primitive.name == "name" and id(eqn.invars[0]) in inputs:
             return str(eqn.params["name"])
         if depth < 6:
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, tuple | list) else (param,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns") and (tag := _input_tag(inner, depth + 1)):
-                        return tag
+            for inner in subjaxprs(eqn):
+                if tag := _input_tag(inner, depth + 1):
+                    return tag
     return None
 
 
@@ -613,11 +612,8 @@ def _equations(jaxpr, depth: int = 0):
         yield eqn
         if depth > 20:
             continue
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner, depth + 1)
+        for inner in subjaxprs(eqn):
+            yield from _equations(inner, depth + 1)
 
 
 def _user_frame(eqn) -> tuple[str, int] | None:

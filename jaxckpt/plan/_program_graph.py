@@ -165,7 +165,9 @@ def _flatten(closed) -> tuple[list[_Eqn], list[int]]:
     return eqns, inputs
 
 
-def _subjaxprs(eqn):
+def subjaxprs(eqn):
+    """The jaxprs an equation calls (a scan's body, a cond's branches, a custom_vjp's
+    function), from its parameters, each as a plain ``Jaxpr``."""
     for value in eqn.params.values():
         for item in value if isinstance(value, tuple | list) else (value,):
             if hasattr(item, "jaxpr") and hasattr(item.jaxpr, "eqns"):
@@ -185,7 +187,7 @@ def eqn_flops(eqn) -> int:
         rhs, out = eqn.invars[1].aval, eqn.outvars[0].aval
         out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
         return 2 * math.prod(out.shape) * math.prod(rhs.shape) // out_features
-    inner = list(_subjaxprs(eqn))
+    inner = list(subjaxprs(eqn))
     if inner:
         trips = eqn.params.get("length", 1) if name == "scan" else 1
         return trips * sum(eqn_flops(e) for jaxpr in inner for e in jaxpr.eqns)
@@ -197,7 +199,7 @@ def _names_inside(eqn) -> dict[int, str]:
     """For a call of a ``custom_jvp``/``custom_vjp`` function: output index -> the
     ``checkpoint_name`` its inner function gives that output."""
     found = {}
-    for jaxpr in _subjaxprs(eqn):
+    for jaxpr in subjaxprs(eqn):
         made = {v: e.params["name"] for e in jaxpr.eqns if e.primitive.name == "name" for v in e.outvars}
         for i, v in enumerate(jaxpr.outvars):
             if v in made and i < len(eqn.outvars):
