@@ -16,10 +16,10 @@ devices) and, where it asks about one, a remat spec:
 
 Modules, bottom to top (each imports only those before it): ``_workload``,
 ``_devices``, ``_tpu_targets``, ``_targets``, ``_compilers``, ``_specs``, ``_state``, ``_layer_costs``,
-``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``, ``_buffer_assignment``,
-``_explain``, ``_working_set``,
-``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_per_layer``, ``_solver``, ``_table``, ``_auto``,
-``_max_seq``.
+``_graph``, ``_layer_graph``, ``_compression``, ``_compile``, ``_sharded``, ``_measure``,
+``_buffer_assignment``, ``_program_graph``, ``_tag_sites``, ``_explain``, ``_explain_plot``,
+``_working_set``, ``_analytic``, ``_cost``, ``_by_cost``, ``_milp``, ``_per_layer``, ``_solver``,
+``_plan_fn``, ``_table``, ``_auto``, ``_max_seq``.
 
 Compressed residuals (``RematSpec.compress``, int8 / fp8) are priced throughout: their stored
 bytes, their dequantized copy in a layer's backward pass, their (de)quantization's FLOPs and
