@@ -34,8 +34,8 @@ SMOKE_PARAMETERS = {
     "05_ascend_npu": "LENGTHS = (16, 32)",
     "06_finetune": ("N_RECORDS = 40\nSTEPS, BATCH, SEQ, EVAL_EVERY, EVAL_SPLIT = 4, 2, 64, 2, 0.1\nNEW = 6"),
     "07_long_context": "SEQ = 256\nMLP_CHUNK = 64\nSTEPS = 1",
-    "08_compressed_residuals": "SMOOTH = 5\nWORST = 3",  # reads the committed results: no training
     "09_per_layer_plans": "N_LAYERS = 3\nBATCH, SEQ = 1, 32\nN_BUDGETS = 0",  # no sweep (test_plan_per_layer)
+    "10_compressed_residuals": "SMOOTH = 5\nWORST = 3",  # reads the committed results: no training
 }
 
 
