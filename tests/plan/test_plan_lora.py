@@ -9,6 +9,7 @@ import json
 
 import pytest
 from flax import nnx
+from pairwise_cover import assert_covers_every_pair, grid_params
 
 from jaxckpt import nn, plan, train
 from jaxckpt.cli import main
@@ -86,6 +87,25 @@ PAIRWISE = [
 ]
 """Every pair of (rank, targets, quantization) values in six rows instead of the twelve of
 the full product: each compile is seconds, and the errors differ by factor, not by triple."""
+LORA_GRID = [
+    *((m, *row, "full") for m in GRID_MODELS for row in PAIRWISE),
+    *itertools.product(GRID_MODELS, [16], ["q,k,v,o"], [None, "nf4"], ["save_attn"]),
+]  # fmt: skip
+"""The full grid (``pytest --grid``): (model, rank, targets, quantization, remat), every model
+on every row of ``PAIRWISE`` under full remat, and ``save_attn`` on each model, with and
+without a quantized base."""
+LORA_COVERING = [
+    ("tiny", 4, "q,k,v,o", None, "full"),
+    ("small", 16, ALL_TARGETS, None, "full"),
+    ("small", 4, ALL_TARGETS, "nf4", "full"),
+    ("tiny", 16, "q,k,v,o", "nf4", "full"),
+    ("small", 4, "q,k,v,o", "int8", "full"),
+    ("tiny", 16, ALL_TARGETS, "int8", "full"),
+    ("tiny", 16, "q,k,v,o", "nf4", "save_attn"),
+    ("small", 16, "q,k,v,o", None, "save_attn"),
+]
+"""What ``make test`` runs of ``LORA_GRID``: 8 of its 16 cases, which still meet every pair of
+values it meets (``test_the_lora_grid_covers_every_pair``)."""
 
 
 def test_the_grid_covers_every_pair():
@@ -95,14 +115,14 @@ def test_the_grid_covers_every_pair():
         assert len(pairs) == len(values[0]) * len(values[1])
 
 
+def test_the_lora_grid_covers_every_pair():
+    assert_covers_every_pair(LORA_COVERING, LORA_GRID)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("model", "rank", "targets", "quantize", "remat"),
-    [
-        *((m, *row, "full") for m in GRID_MODELS for row in PAIRWISE),
-        *itertools.product(GRID_MODELS, [16], ["q,k,v,o"], [None, "nf4"], ["save_attn"]),
-    ],
-)  # fmt: skip
+    ("model", "rank", "targets", "quantize", "remat"), grid_params(LORA_GRID, LORA_COVERING)
+)
 def test_lora_grid_within_10_percent(model, rank, targets, quantize, remat):
     """Ranks, targets and quantization (``PAIRWISE``), the base in bfloat16 as ``jaxckpt train
     --lora`` stores it."""
