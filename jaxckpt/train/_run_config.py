@@ -24,7 +24,7 @@ from jaxckpt._checks import known_fields, require_positive_int
 from jaxckpt._sizes import parse_size
 from jaxckpt.attention import check_strategy
 from jaxckpt.data import DEFAULT_SHUFFLE_BUFFER, check_fraction
-from jaxckpt.remat import AUTO, FORMATS, RematSpec, Tag, compressed
+from jaxckpt.remat import AUTO, FORMATS, Layered, RematSpec, Tag, compressed
 from jaxckpt.remat import get as get_remat
 from jaxckpt.train._nonfinite import check_on_nonfinite, optimizer_for
 from jaxckpt.train._optimizers import OptimizerConfig
@@ -173,6 +173,32 @@ def _spec_from_dict(fields: Mapping) -> RematSpec:
     return RematSpec(**{**fields, **tags, "compress": formats})
 
 
+def _layered_to_dict(spec: Layered) -> dict:
+    """A ``remat.Layered`` spec as ``{"groups": [{"layers": count, **spec}, ...]}`` in stack
+    order (``_layered_from_dict`` reads it back)."""
+    return {"groups": [{"layers": count, **_spec_to_dict(group)} for count, group in spec.groups]}
+
+
+def _layered_from_dict(fields: Mapping) -> Layered:
+    """The ``remat.Layered`` that ``_layered_to_dict`` wrote; a ValueError names a bad group."""
+    extra = sorted(set(fields) - {"groups"})
+    if extra:
+        raise ValueError(f"RunConfig.remat: a per-layer spec has only 'groups'; unknown: {', '.join(extra)}")
+    groups = fields["groups"]
+    if isinstance(groups, str | Mapping) or not isinstance(groups, list | tuple):
+        raise ValueError(f"RunConfig.remat.groups must be a list of {{layers, ...}} dicts, got {groups!r}")
+    out = []
+    for i, group in enumerate(groups):
+        if not isinstance(group, Mapping) or "layers" not in group:
+            raise ValueError(f"RunConfig.remat.groups[{i}] must be a dict with 'layers', got {group!r}")
+        rest = {k: v for k, v in group.items() if k != "layers"}
+        out.append((group["layers"], _spec_from_dict(rest)))
+    try:
+        return Layered(tuple(out))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"RunConfig.remat: {err}") from None
+
+
 def _compress_tags(value) -> "tuple[str, ...] | None":
     """``compress_tags`` as a sorted tuple of tag names: given as tags, names, or one
     comma-separated string (``"mlp_up,mlp_gate"``, as ``--compress-tags`` writes it)."""
@@ -218,7 +244,8 @@ class RunConfig:
             ``jaxckpt.attention.CONTEXT_PARALLEL_STRATEGIES``.
         on_nonfinite: ``"stop"`` (raise ``NonFiniteError`` at the first non-finite loss)
             or ``"skip"`` (skip such steps and count them).
-        remat: a ``jaxckpt.remat`` preset name or ``RematSpec``, or ``"auto"``: the
+        remat: a ``jaxckpt.remat`` preset name, ``RematSpec`` or ``remat.Layered`` (one spec
+            per group of layers: ``to_dict`` writes its ``groups``), or ``"auto"``: the
             planner (``jaxckpt.plan.resolve_auto``) picks the spec of least recompute that
             fits ``budget`` before training.
         attention: the ``flash_attention`` implementation (None: automatic).
@@ -266,7 +293,7 @@ class RunConfig:
     mesh: object = None
     context_parallel: str = "all_gather"
     on_nonfinite: str = "stop"
-    remat: "str | RematSpec" = "full"
+    remat: "str | RematSpec | Layered" = "full"
     attention: "str | None" = None
     budget: "int | str | None" = None
     mlp_chunk: "int | None" = None
@@ -313,7 +340,7 @@ class RunConfig:
             _ = self.remat_spec  # the spec's own check, naming the field
 
     @property
-    def remat_spec(self) -> RematSpec:
+    def remat_spec(self) -> "RematSpec | Layered":
         """The spec the run trains: ``remat`` as a ``RematSpec`` (after the planner has resolved
         ``"auto"``), with what it keeps compressed under ``compress`` (``remat.compressed``).
 
@@ -379,14 +406,26 @@ class RunConfig:
     def to_dict(self) -> dict:
         """The fields as plain values, nested parts as dicts (``from_dict`` reads them back).
 
-        A ``RematSpec`` is written as a dict (its tags by name) and a ``jax.sharding.Mesh`` as
-        its axis sizes.
+        A ``RematSpec`` is written as a dict (its tags by name), a ``remat.Layered`` as its
+        ``groups`` (each such a dict with its ``layers``) and a ``jax.sharding.Mesh`` as its
+        axis sizes.
+
+        Example:
+            >>> from jaxckpt import remat, train
+            >>> spec = remat.Layered(((2, "save_attn"), (2, "full")))
+            >>> run = train.RunConfig(steps=1, batch=1, seq=8, remat=spec)
+            >>> [g["layers"] for g in run.to_dict()["remat"]["groups"]]
+            [2, 2]
+            >>> train.RunConfig.from_dict(run.to_dict()) == run
+            True
         """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in _PARTS:
             out[name] = out[name].to_dict()
         if isinstance(self.remat, RematSpec):
             out["remat"] = _spec_to_dict(self.remat)
+        elif isinstance(self.remat, Layered):
+            out["remat"] = _layered_to_dict(self.remat)
         if self.mesh is not None and not isinstance(self.mesh, str | Mapping):
             out["mesh"] = dict(self.mesh.shape)
         out["init_from"] = _text(self.init_from)
@@ -400,6 +439,7 @@ class RunConfig:
             ValueError: naming any field that ``RunConfig`` (or its part) does not have.
         """
         fields = known_fields(cls, fields, "RunConfig")
-        if isinstance(fields.get("remat"), Mapping):
-            fields["remat"] = _spec_from_dict(fields["remat"])
+        remat = fields.get("remat")
+        if isinstance(remat, Mapping):
+            fields["remat"] = _layered_from_dict(remat) if "groups" in remat else _spec_from_dict(remat)
         return cls(**fields)

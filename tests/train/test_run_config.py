@@ -174,3 +174,33 @@ def test_the_runs_mlp_chunk_tiles_the_model_it_trains_and_plans():
     assert run.model_config(CFG) == CFG.replace(mlp_chunk=4)
     assert plan.Workload.from_run(CFG, run).config.mlp_chunk == 4
     assert _run().model_config(CFG) is CFG  # None: the model config's own choice
+
+
+def test_a_per_layer_spec_round_trips_through_its_written_form_or_is_refused_by_name():
+    """``remat.Layered`` (``plan_memory(per_layer=True)``'s answer) is written as its groups, in
+    JSON and YAML (``--print-config``'s format) alike, and read back equal, compression
+    included; a malformed group, or a Layered spec spelled as a name (a run file's ``--remat``
+    takes a preset name), is refused naming the field."""
+    import yaml
+
+    spec = remat.Layered(((2, "save_attn"), (3, remat.RematSpec(save=frozenset({remat.Tag.MLP_UP})))))
+    run = _run(remat=spec, compress="int8")
+    written = run.to_dict()
+    assert [g["layers"] for g in written["remat"]["groups"]] == [2, 3]
+    assert written["remat"]["groups"][1]["save"] == ["mlp_up"]  # tags by name
+    assert train.RunConfig.from_dict(json.loads(json.dumps(written))) == run
+    back = train.RunConfig.from_dict({**SIZES, "remat": yaml.safe_load(yaml.safe_dump(written["remat"]))})
+    assert back.remat == spec and _run(remat=back.remat, compress="int8").remat_spec == run.remat_spec
+    assert run.remat_spec == remat.compressed(spec, "int8")
+    bad = [
+        ({"groups": [{"save": []}]}, r"RunConfig.remat.groups\[0\] must be a dict with 'layers'"),
+        ({"groups": [{"layers": 0}]}, r"RunConfig.remat: Layered.groups\[0\]: count must be an int >= 1"),
+        ({"groups": [{"layers": 2, "save": ["nope"]}]}, r"RunConfig.remat: 'nope' is not a valid Tag"),
+        ({"groups": "2 x full"}, r"RunConfig.remat.groups must be a list"),
+        ({"groups": [], "save": []}, r"a per-layer spec has only 'groups'; unknown: save"),
+    ]
+    for remat_field, message in bad:
+        with pytest.raises(ValueError, match=message):
+            train.RunConfig.from_dict({**SIZES, "remat": remat_field})
+    with pytest.raises(ValueError, match=r"unknown remat preset '2 x save_attn \+ 3 x full'"):
+        _run(remat="2 x save_attn + 3 x full")
