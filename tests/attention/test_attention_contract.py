@@ -4,21 +4,29 @@ Each case compares the output, the log-sum-exp (``return_residual=True``) and th
 gradients wrt q, k, v and bias of ``sum(out * w)`` (``w`` random) with
 ``jaxckpt.attention_reference``, and checks that rows seeing no key give exactly 0.
 
-The grid is a covering design, not a cartesian product (that would take hours):
+The grid is a covering design, not a cartesian product (that would take hours). Each
+feature is a factor (present or absent), and on every kernel every value of each factor
+and every pair of values of two factors meets in some case (pairwise covering):
 
-- every feature alone, in float32 at two shapes;
+- no feature, in float32 (each feature alone: ``--grid``);
 - every pair of features, met in one of 11 sets of three features (``FEATURE_TRIPLES``, a
   pairwise covering of the 8 features), each kernel given the triples cut down to the
-  features it supports, so that every kernel meets every pair of its features;
+  features it supports, so that every kernel meets every pair of its features; a cut-down
+  triple whose pairs (and bias and mask shapes) the kernel's other triples already meet
+  runs under ``--grid`` only (``covering_triples``). A triple holds each of its features
+  beside the five absent ones, so the features alone add no pair;
 - all 16 (T, S) pairs over {1, 7, 129, 300} with one feature set, cycling through
   every H in {16, 40, 64}, (N, K) in {(3, 1), (6, 3), (6, 1), (3, 3)}, B and blocks, each
   pair on one compiled kernel, in turns (``(i_T + i_S) mod kernels``: every kernel still
   meets every T, every S, H, (N, K), B and block);
-- every feature once in bfloat16 or float16, and all features at once in each dtype.
+- every feature once in bfloat16 or float16, and all features at once in each dtype; on a
+  kernel that runs all of them at once in a dtype, each feature is met there present (the
+  all-features case) and absent (the others), and the one-feature cases that add neither
+  (bf16 dropout, fp16 soft cap) run under ``--grid`` only.
 
-The full cross products (every pair of features alone on every kernel, every (T, S) pair on
-every compiled kernel) are marked ``grid``: ``pytest --grid`` (or ``JAXCKPT_FULL_GRID=1``)
-runs them as well.
+The full cross products (every feature alone and every pair of features alone on every
+kernel, every (T, S) pair on every compiled kernel) and the cases above left to it are
+marked ``grid``: ``pytest --grid`` (or ``JAXCKPT_FULL_GRID=1``) runs them as well.
 
 "reference" itself is a registered implementation; checked against itself it only
 tests dispatch, so it runs on the single-feature grid and the edge cases only.
@@ -75,6 +83,13 @@ def _feature_cases() -> list[tuple[Case, bool]]:
     return [(Case(**SHAPE_A, features=f, variant=i, seed=i), False) for i, f in enumerate(singles)]
 
 
+def _single_beyond_the_covering(impl: str, i: int) -> bool:
+    """A feature alone (not the plain case) on a kernel: its pairs of factor values are met by
+    the kernel's triples (``--grid`` runs it). ``reference`` and the CPU stand-ins, which
+    run no triples, keep every feature alone."""
+    return i > 0 and impl in KERNELS
+
+
 def _pair_cases() -> list[tuple[Case, bool]]:
     """Every pair of features alone (the full grid: ``--grid``)."""
     pairs = itertools.combinations(FEATURES, 2)
@@ -116,17 +131,52 @@ def runs(impl: str, case: Case) -> bool:
     return set(case.features) <= runnable_features(impl) and not (impl == "cudnn" and case.dtype == "float32")
 
 
-def _triple_cases(impl: str) -> list[tuple[Case, bool]]:
-    """``FEATURE_TRIPLES``, each cut down to the features ``impl`` supports (a pair it
-    supports stays together), at the two shapes in turn; ``make test`` only, as the pairs
-    were (the fast tier has every feature alone)."""
+FAST_TRIPLES = (0, 7, 9)
+"""The triples of the fast tier (``make test-fast``): together they hold all 8 features."""
+
+
+def _triple_cases(impl: str) -> list[tuple[int, Case]]:
+    """``(i, case)``: ``FEATURE_TRIPLES[i]`` cut down to the features ``impl`` supports (a
+    pair it supports stays together), at the two shapes in turn."""
     runnable, cases = runnable_features(impl), []
     for i, (triple, variant) in enumerate(zip(FEATURE_TRIPLES, TRIPLE_VARIANTS, strict=True)):
         features = tuple(f for f in triple if f in runnable)
         if features:
             shape = (SHAPE_A, SHAPE_B)[i % 2]
-            cases.append((Case(**shape, features=features, variant=variant, seed=600 + i), True))
+            cases.append((i, Case(**shape, features=features, variant=variant, seed=600 + i)))
     return cases
+
+
+def _shapes_met(cases) -> set[tuple]:
+    """The broadcast shapes (variant mod 4) of bias and of mask that ``cases`` meet."""
+    return {(f, c.variant % 4) for c in cases for f in ("bias", "mask") if f in c.features}
+
+
+def _pairs_met(cases) -> set[tuple]:
+    """What ``cases`` meet: each feature, each pair of features, each shape of bias and mask."""
+    met = _shapes_met(cases)
+    for case in cases:
+        features = sorted(case.features)
+        met |= {(f,) for f in features} | set(itertools.combinations(features, 2))
+    return met
+
+
+def _without_the_covered(cases: dict[int, Case], met) -> set[int]:
+    """The indices of ``cases`` left once each case whose ``met([case])`` the others meet is
+    dropped, one at a time, the fewest features first, then the last first."""
+    kept = dict(cases)
+    for i in sorted(kept, key=lambda i: (len(kept[i].features), -i)):
+        if met([kept[i]]) <= met([case for j, case in kept.items() if j != i]):
+            del kept[i]
+    return set(kept)
+
+
+def covering_triples(impl: str) -> set[int]:
+    """The indices of the cut-down triples ``make test`` runs on ``impl``: all but those whose
+    features, pairs and bias and mask shapes the others already meet. Cut down to a kernel's
+    features, some triples become pairs or single features that others hold (splash: 6 of 11
+    are left, xla: 10, the kernels that run all 8 features: the 11)."""
+    return _without_the_covered(dict(_triple_cases(impl)), _pairs_met)
 
 
 def _shape_cases() -> list[tuple[Case, bool]]:
@@ -165,6 +215,31 @@ def _dtype_cases() -> list[tuple[Case, bool]]:
     cases.append((Case(b=2, t=300, s=300, n=6, k=3, h=64, features=ALL, seed=500), True))
     cases.append((Case(b=1, t=7, s=7, n=3, k=3, h=16, features=ALL, block=None, seed=501), False))
     return cases
+
+
+def _values_met(impl: str):
+    """``met(cases)``: each feature ``impl`` runs, present and absent, each block size, and each
+    shape of bias and mask that ``cases`` meet."""
+    runnable = runnable_features(impl)
+
+    def met(cases) -> set[tuple]:
+        found = _shapes_met(cases) | {("block", c.block) for c in cases}
+        return found | {(f, f in c.features) for c in cases for f in runnable}
+
+    return met
+
+
+def covering_low_precision(impl: str) -> set[int]:
+    """The indices of ``_dtype_cases()`` that ``make test`` runs on ``impl``: in each low
+    precision, all that ``impl`` runs but those whose values (each feature present and absent,
+    block, bias and mask shapes) the dtype's other cases meet. On a kernel that runs the
+    all-features case, that drops bf16 dropout and fp16 soft cap; float32 keeps its two."""
+    cases = list(enumerate(c for c, _ in _dtype_cases()))
+    kept = {i for i, c in cases if c.dtype == "float32" or not runs(impl, c)}  # those skip
+    for dtype in ("bfloat16", "float16"):
+        runnable = {i: c for i, c in cases if c.dtype == dtype and runs(impl, c)}
+        kept |= _without_the_covered(runnable, _values_met(impl))
+    return kept
 
 
 def _params(cases: list[tuple[Case, bool]], impls=IMPLS, grid=lambda impl, i: False):
@@ -224,12 +299,27 @@ def test_feature_names_match_the_library():
     assert set(FEATURES) == set(jaxckpt.attention.FEATURES)
 
 
-@pytest.mark.parametrize(("impl", "case"), _params(_feature_cases()))
+SINGLE_PARAMS = _params(_feature_cases(), grid=_single_beyond_the_covering)
+
+
+@pytest.mark.parametrize(("impl", "case"), SINGLE_PARAMS)
 def test_each_feature_alone(impl, case):
     check_against_reference(impl, case)
 
 
-TRIPLE_PARAMS = [p for impl in KERNELS for p in _params(_triple_cases(impl), [impl])]
+def _triple_params() -> list:
+    """``make test`` runs the covering triples of each kernel (``FAST_TRIPLES`` in the fast
+    tier too), ``--grid`` every cut-down triple."""
+    params = []
+    for impl in KERNELS:
+        covering = covering_triples(impl)
+        for i, case in _triple_cases(impl):
+            marks = [pytest.mark.slow] * (i not in FAST_TRIPLES) + [pytest.mark.grid] * (i not in covering)
+            params.append(pytest.param(impl, case, id=f"{impl}-{case.id}", marks=marks))
+    return params
+
+
+TRIPLE_PARAMS = _triple_params()
 
 
 @pytest.mark.parametrize(("impl", "case"), TRIPLE_PARAMS)
@@ -283,6 +373,34 @@ def test_the_triples_meet_every_pair_of_features_on_every_kernel():
             assert {c.variant % 4 for c in cases if feature in c.features} == {0, 1, 2, 3}, (impl, feature)
 
 
+def test_every_pair_of_feature_values_meets_on_every_kernel():
+    """Each feature a factor, present or absent: on each kernel, the float32 feature cases of
+    ``make test`` (no feature, the covering triples) meet every pair of values of two of its
+    features, so the features alone (``--grid``) add none."""
+    for impl in KERNELS:
+        runnable = sorted(runnable_features(impl))
+        cases = [c for i, c in _default_params(SINGLE_PARAMS + TRIPLE_PARAMS) if i == impl]
+        met = set()
+        for case in cases:
+            values = [(f, f in case.features) for f in runnable]
+            met |= set(itertools.combinations(values, 2))
+        pairs, values = itertools.combinations(runnable, 2), list(itertools.product((False, True), repeat=2))
+        every = {((a, x), (b, y)) for a, b in pairs for x, y in values}
+        assert met == every, (impl, sorted(every - met))
+
+
+def test_low_precision_cases_meet_what_the_full_grid_meets():
+    """In bfloat16 and in float16, on each kernel, the cases of ``make test`` meet every value
+    the dtype's cases meet under ``--grid``: each feature present and absent, each block and
+    each shape of bias and mask."""
+    params = _default_params(LOW_PRECISION_PARAMS)
+    for impl in KERNELS:
+        for dtype in ("bfloat16", "float16"):
+            everything = [c for c, _ in _dtype_cases() if c.dtype == dtype and runs(impl, c)]
+            kept = [c for i, c in params if i == impl and c.dtype == dtype]
+            assert _values_met(impl)(kept) == _values_met(impl)(everything), (impl, dtype)
+
+
 def test_every_length_pair_runs_and_every_kernel_meets_every_length():
     params = _default_params(SHAPE_PARAMS)
     assert {(c.t, c.s) for _, c in params} == set(itertools.product(LENGTHS, LENGTHS))
@@ -296,7 +414,12 @@ def test_every_length_pair_runs_and_every_kernel_meets_every_length():
         assert {(c.n, c.k) for c in cases} == set(HEADS), impl
 
 
-@pytest.mark.parametrize(("impl", "case"), _params(_dtype_cases(), KERNELS))
+LOW_PRECISION_PARAMS = _params(
+    _dtype_cases(), KERNELS, grid=lambda impl, i: i not in covering_low_precision(impl)
+)
+
+
+@pytest.mark.parametrize(("impl", "case"), LOW_PRECISION_PARAMS)
 def test_low_precision_and_all_features(impl, case):
     check_against_reference(impl, case)
 
