@@ -34,6 +34,7 @@ SMOKE_PARAMETERS = {
     "05_ascend_npu": "LENGTHS = (16, 32)",
     "06_finetune": ("N_RECORDS = 40\nSTEPS, BATCH, SEQ, EVAL_EVERY, EVAL_SPLIT = 4, 2, 64, 2, 0.1\nNEW = 6"),
     "07_long_context": "SEQ = 256\nMLP_CHUNK = 64\nSTEPS = 1",
+    "08_your_own_model": "IMAGE, PATCH = 8, 4\nDIM, HEADS, MLP, DEPTH = 24, 2, 40, 2\nBATCH = 2",
     "09_per_layer_plans": "N_LAYERS = 3\nBATCH, SEQ = 1, 32\nN_BUDGETS = 0",  # no sweep (test_plan_per_layer)
     "10_compressed_residuals": "SMOOTH = 5\nWORST = 3",  # reads the committed results: no training
 }
