@@ -32,11 +32,20 @@ SHAPES = (dict(b=2, t=9, s=13, n=6, k=3, h=8), dict(b=3, t=11, s=7, n=6, k=2, h=
 SQUARE = dict(b=2, t=11, s=11, n=3, k=1, h=8)
 
 
+def _singles() -> list[Case]:
+    """Each feature alone at both shapes: ``--grid`` only, since the pairs meet every pair of
+    values (present, absent) of two features, each feature at both shapes, and every broadcast
+    shape of bias and mask (``test_the_cases_meet_every_pair_of_feature_values``)."""
+    return [
+        Case(**shape, features=(feature,), block=None, variant=variant + i, seed=10 + i)
+        for i, feature in enumerate(FEATURES)
+        for variant, shape in enumerate(SHAPES)
+    ]
+
+
 def _cases() -> list[Case]:
+    """No feature at both shapes, every pair of features, and bfloat16: ``make test``."""
     cases = [Case(**shape, features=(), block=None, seed=i) for i, shape in enumerate(SHAPES)]
-    for i, feature in enumerate(FEATURES):
-        for variant, shape in enumerate(SHAPES):
-            cases.append(Case(**shape, features=(feature,), block=None, variant=variant + i, seed=10 + i))
     for i, pair in enumerate(itertools.combinations(FEATURES, 2)):
         same_starts = set(pair) == {"causal", "segments"}  # TND: one array of ids (T == S, even variant)
         shape, variant = (SQUARE, 2 * i) if same_starts else (SHAPES[i % 2], i)
@@ -49,6 +58,9 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
+CASE_PARAMS = [pytest.param(c, id=c.id) for c in CASES] + [
+    pytest.param(c, id=c.id, marks=pytest.mark.grid) for c in _singles()
+]
 
 
 def _check(impl: str, case: Case) -> None:
@@ -65,10 +77,28 @@ def _check(impl: str, case: Case) -> None:
     assert not np.any(got.out[empty]) and not np.any(got.grads["dq"][empty])
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", CASE_PARAMS)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_the_reference(impl, case):
     _check(impl, case)
+
+
+def test_the_cases_meet_every_pair_of_feature_values():
+    """Each feature a factor (present or absent): the float32 cases of ``make test`` meet every
+    pair of values of two features, each feature at both shapes, every broadcast shape of
+    bias and mask, and both forms of segment ids."""
+    cases = [c for c in CASES if c.dtype == "float32"]
+    met = set()
+    for case in cases:
+        met |= set(itertools.combinations([(f, f in case.features) for f in FEATURES], 2))
+    values = list(itertools.product((False, True), repeat=2))
+    assert met == {((a, x), (b, y)) for a, b in itertools.combinations(FEATURES, 2) for x, y in values}
+    for feature in FEATURES:
+        assert {(c.t, c.s) for c in cases if feature in c.features} >= {(s["t"], s["s"]) for s in SHAPES}
+    for feature in ("bias", "mask"):
+        assert {c.variant % 4 for c in cases if feature in c.features} == {0, 1, 2, 3}, feature
+    segments = [build(c).arrays["segment_ids"] for c in cases if "segments" in c.features]
+    assert {isinstance(ids, tuple) for ids in segments} == {False, True}
 
 
 @pytest.mark.parametrize(
@@ -96,15 +126,15 @@ def test_the_op_masks_exactly_what_visible_hides(features):
     assert_close(out, jaxckpt.attention_reference(inp.q, inp.k, inp.v, **inp.arrays, **inp.static), "float32")
 
 
-def _dropout(impl: str, rng, rate=0.3, x=None):
+def _dropout(impl: str, rng, rate=0.3):
+    """The inputs and ``loss(q, k, v) = sum(attention(q, k, v) * w)`` with dropout."""
     inp = build(Case(**SQUARE, block=None, seed=5))
-    q = inp.q if x is None else x
 
     def loss(q, k, v):
         out = jaxckpt.flash_attention(q, k, v, dropout_rate=rate, dropout_rng=rng, implementation=impl)
         return jnp.sum(out * inp.w)
 
-    return inp, loss(q, inp.k, inp.v), jax.grad(loss, argnums=(0, 1, 2))(q, inp.k, inp.v), loss
+    return inp, loss
 
 
 @pytest.mark.slow
@@ -112,10 +142,12 @@ def _dropout(impl: str, rng, rate=0.3, x=None):
 def test_dropout_is_seeded_and_its_gradient_is_consistent(impl):
     """The kernel's own dropout mask (not jaxckpt's): a function of dropout_rng, the same
     in the forward and the backward, so the gradient is the derivative of the forward."""
-    inp, first, grads, loss = _dropout(impl, jax.random.key(1))
-    _, again, _, _ = _dropout(impl, jax.random.key(1))
-    _, other, _, _ = _dropout(impl, jax.random.key(2))
-    _, undropped, _, _ = _dropout(impl, jax.random.key(1), rate=0.0)
+    inp, loss = _dropout(impl, jax.random.key(1))
+    qkv = (inp.q, inp.k, inp.v)
+    first, grads = loss(*qkv), jax.grad(loss, argnums=(0, 1, 2))(*qkv)
+    again = _dropout(impl, jax.random.key(1))[1](*qkv)
+    other = _dropout(impl, jax.random.key(2))[1](*qkv)
+    undropped = _dropout(impl, jax.random.key(1), rate=0.0)[1](*qkv)
     assert float(first) == float(again) and float(first) != float(other) != float(undropped)
     direction = [jax.random.normal(jax.random.key(i), x.shape) for i, x in enumerate((inp.q, inp.k, inp.v))]
     eps = 1e-3
