@@ -35,6 +35,11 @@ Example:
     (every row is its preset with what it keeps stored in int8, as jaxckpt train --compress
     int8 trains it: full+int8, save_attn+int8, ...)
 
+    $ jaxckpt plan --model tiny --batch 4 --seq 1024 --budget 110MiB --per-layer
+    (the stack's layers may differ: the first k under a richer spec than the rest, where that
+    fits at less recompute than one spec for all; the chosen row is named by its groups,
+    e.g. 5 x save_attn + 1 x full)
+
     $ jaxckpt plan --model tiny --batch 2 --seq 64 --budget 20MiB --explain --plot peak.html
     (after the table, the largest contributors at the chosen spec's peak, from XLA's buffer
     assignment (plan.explain_workload), and its live-bytes timeline stacked by kind, drawn
@@ -76,6 +81,7 @@ PLAN_FLAGS = {
     "seq_shards": "--seq-shards",
     "context_parallel": "--context-parallel",
     "allow_compress": "--allow-compress",
+    "per_layer": "--per-layer",
 }
 """Names whose flag is another command's here, or this command's own (``jaxckpt.cli._flags.FLAGS``
 has the rest)."""
@@ -202,6 +208,13 @@ def add_parser(sub) -> None:
     )
     add_compress_arguments(p)
     p.add_argument(
+        "--per-layer",
+        action="store_true",
+        help="let the layers' specs differ: the first k layers keep more than the rest where that fits the "
+        "budget at less recompute than one spec for all (remat.Layered; remat'd specs on the device, "
+        "uncompressed)",
+    )
+    p.add_argument(
         "--autotune-results",
         metavar="FILE",
         help="with a GPU --device: XLA autotune results dumped on such a GPU "
@@ -300,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
     target, target_note = compile_target(args)
     notes = [n for n in (dtype_note, target_note) if n]
     tags = compress_tags(args)
+    if args.per_layer:
+        per_layer_flags(args)
     if args.max_seq:
         return longest(args, workload, budget, notes, target, tags)
     if args.remat is not None:
@@ -321,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         allow_compress=args.allow_compress,
         compress=args.compress,
         compress_tags=tags,
+        per_layer=args.per_layer,
     )
     result = answer.to_dict()
     result["notes"] = notes
@@ -354,6 +370,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"jaxckpt plan: {result['error']}", file=sys.stderr)
         return 1
     return 0
+
+
+def per_layer_flags(args: argparse.Namespace) -> None:
+    """``--per-layer`` is the planner's choice of one spec per group of layers: it goes with
+    neither a spec given (``--remat``), nor the ``--max-seq`` search, nor compression."""
+    for flag, given in (
+        ("--remat", args.remat is not None),
+        ("--max-seq", args.max_seq),
+        ("--allow-compress", args.allow_compress),
+        ("--compress", args.compress is not None),
+    ):
+        if given:
+            raise ValueError(
+                f"--per-layer lets the planner choose a spec per group of layers, uncompressed; it does not "
+                f"go with {flag}"
+            )
 
 
 def check(

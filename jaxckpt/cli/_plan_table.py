@@ -164,7 +164,9 @@ def chosen_line(chosen: dict, config: dict, label: str) -> str:
     """One line on the chosen spec: what a solved spec keeps per layer, what it compresses, and
     XLA's peak."""
     spec, what = chosen["spec"], "a preset"
-    if "+" in chosen["remat"]:  # full+int8: a preset with its kept activations compressed
+    if "groups" in spec:  # remat.Layered (--per-layer): "remat" names its groups, "3 x save_attn + 3 x full"
+        what = f"per layer: {layer_groups_text(spec['groups'])}"
+    elif "+" in chosen["remat"]:  # full+int8: a preset with its kept activations compressed
         what = f"a preset, what it keeps in {chosen['remat'].partition('+')[2]}"
     if chosen["remat"] == "solved":
         what = f"keeps {', '.join(spec['save']) or 'only the layer input'} per layer"
@@ -181,6 +183,23 @@ def chosen_line(chosen: dict, config: dict, label: str) -> str:
     host = chosen.get("measured_host_bytes", 0)
     on_host = f" (+{plan.format_bytes(host)} in host memory)" if host else ""
     return f"* chosen: {chosen['remat']} ({what}){split}; {label} measured a {peak} peak{on_host}"
+
+
+def layer_groups_text(groups: list[dict]) -> str:
+    """What each group of a per-layer spec keeps, by its layers' indices.
+
+    Example:
+        >>> layer_groups_text([{"layers": 2, "save": ["attn_lse", "attn_out"]}, {"layers": 3, "save": []}])
+        'layers 0-1 keep attn_lse, attn_out; layers 2-4 keep only their input; the rest recomputed'
+    """
+    parts, start = [], 0
+    for group in groups:
+        end = start + group["layers"] - 1
+        where = f"layer {start}" if end == start else f"layers {start}-{end}"
+        kept = ", ".join(map(str, group["save"])) or "only their input"
+        parts.append(f"{where} keep {kept}")
+        start = end + 1
+    return "; ".join(parts) + "; the rest recomputed"
 
 
 def attempts_line(attempts: list[dict], label: str) -> str:

@@ -4,7 +4,9 @@ This is what ``jaxckpt plan`` prints: one row per preset, predicted from shapes
 (``choice``, no compile), plus the solved spec when no preset was chosen, the
 planner's answer (or its ``BudgetError``) and every spec it compiled on the way. With
 ``compress`` (``jaxckpt plan --compress``) every row is its preset compressed as ``jaxckpt
-train --compress`` would train it (``full+int8``).
+train --compress`` would train it (``full+int8``). With ``per_layer`` (``jaxckpt plan
+--per-layer``) the planner may choose a ``remat.Layered`` spec, its row named by its groups
+(``3 x save_attn + 3 x full``).
 """
 
 import dataclasses
@@ -19,7 +21,7 @@ from jaxckpt.plan._solver import BudgetError, MemoryPlan, plan_memory
 from jaxckpt.plan._specs import spec_dict, spec_name
 from jaxckpt.plan._targets import CPU, Target, compile_target
 from jaxckpt.plan._workload import Workload, placement, require_workload
-from jaxckpt.remat import PRESETS, Tag, has_pinned_host
+from jaxckpt.remat import PRESETS, Layered, RematSpec, Tag, has_pinned_host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,9 +148,13 @@ class PresetTable:
         if self.chosen is None:
             return {**result, "error": str(self.error)}
         c = self.chosen
-        spec = {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(c.spec).items()}
-        result["chosen"] = {**c.to_dict(), "spec": spec, "predicted_bytes": int(c.predicted.total)}
-        if self.device is not None and c.measured.flops is not None:  # an estimate: nothing ran
+        result["chosen"] = {
+            **c.to_dict(),
+            "spec": _spec_json(c.spec),
+            "predicted_bytes": int(c.predicted.total),
+        }
+        # an estimate (nothing ran); xla_step_cost scales one scan's cost, a Layered stack has one per group
+        if self.device is not None and c.measured.flops is not None and not isinstance(c.spec, Layered):
             m = c.measured
             flops, moved = xla_step_cost(
                 m.flops, m.bytes_accessed, c.workload or w, c.spec, target=self.target
@@ -160,7 +166,7 @@ class PresetTable:
             }
         result["attempts"] = [  # every spec the planner compiled, in order
             {
-                "remat": spec_name(s),
+                "remat": _name(s),
                 "predicted_bytes": int(p.total),
                 "measured_bytes": int(m.peak),
                 "measured_on": m.measured_on,
@@ -184,6 +190,7 @@ def preset_table(
     allow_compress: bool = False,
     compress: str | None = None,
     compress_tags: "Collection[Tag | str] | None" = None,
+    per_layer: bool = False,
 ) -> PresetTable:
     """Every remat preset's predicted bytes and recompute, and ``plan_memory``'s answer.
 
@@ -201,6 +208,9 @@ def preset_table(
         allow_compress, compress, compress_tags: as ``plan_memory``'s; with ``compress``
             each row is its preset with what it keeps compressed (``compress_tags``: those
             of them it keeps), named ``<preset>+<format>`` (``spec_name``).
+        per_layer: let the planner give the stack's layers different specs
+            (``plan_memory(per_layer=)``); a ``remat.Layered`` choice adds its row, named by
+            its groups (``Layered.describe``).
 
     Returns:
         A ``PresetTable``; when nothing fits, its ``chosen`` is None and ``error`` the
@@ -233,6 +243,7 @@ def preset_table(
             allow_compress=allow_compress,
             compress=compress,
             compress_tags=compress_tags,
+            per_layer=per_layer,
         )
     except BudgetError as err:
         error = err
@@ -258,6 +269,19 @@ def preset_table(
         compression={"allow": allow_compress, "format": compress or ("int8" if allow_compress else None),
                      "tags": None if tags is None else sorted(map(str, tags))},
     )  # fmt: skip
+
+
+def _name(spec: "RematSpec | Layered") -> str:
+    """A spec's name in the table: its preset's (``spec_name``), or a ``Layered`` spec's groups."""
+    return spec.describe() if isinstance(spec, Layered) else spec_name(spec)
+
+
+def _spec_json(spec: "RematSpec | Layered") -> dict:
+    """``spec_dict`` with the tags as strings; a ``Layered`` spec as its ``groups``, each with
+    its ``layers``."""
+    if isinstance(spec, Layered):
+        return {"groups": [{"layers": count, **_spec_json(group)} for count, group in spec.groups]}
+    return {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(spec).items()}
 
 
 def _row(name: str, c: Choice, limit: int, step: int, device: DevicePreset | None) -> PresetRow:
