@@ -17,7 +17,8 @@ The workloads, bf16 params and compute as a TPU user trains, AdamW:
 ``GRID`` is a subset of every workload x preset x target that covers each model and each
 chip: ``none``, ``full`` and ``save_attn`` for every workload on v5e; ``full`` and
 ``save_attn`` for ``small``, ``llama3.2-1b`` and the QLoRA ``llama3.1-8b`` on v5p and v6e;
-the FSDP row under ``full``. Compiles are slow (a minute or more each on a loaded 2-core
+the FSDP row under ``full``; ``tiny`` under ``full`` with int8 layer inputs (``full+int8``,
+issue 34's XLA:TPU row) on v5e. Compiles are slow (a minute or more each on a loaded 2-core
 machine): narrow the grid with ``--targets``, ``--workloads``, ``--presets`` (``--all``:
 every combination of them instead of ``GRID``); ``--reuse`` takes the measured figures of an
 earlier run's JSON for the rows it has (same workload, preset, target, jax and libtpu),
@@ -43,11 +44,12 @@ from harness import RESULTS, write_json
 from rich.console import Console
 from rich.table import Table
 
-from jaxckpt import nn, plan
+from jaxckpt import nn, plan, remat
 
 MIB = 2**20
 TARGETS = ("tpu-v5e", "tpu-v5p", "tpu-v6e")
-PRESETS = ("none", "full", "dots", "save_attn", "minimal", "offload_qkv", "offload_minimal")
+PRESETS = ("none", "full", "dots", "save_attn", "minimal", "offload_qkv", "offload_minimal", "full+int8")
+"""Remat presets; ``<preset>+int8`` is the preset with every kept tag in int8 (``remat.compressed``)."""
 BF16 = {"dtype": "bfloat16", "param_dtype": "bfloat16"}
 WORKLOADS = {
     "tiny": ("tiny", {}, 8, 1024, 1, TARGETS),
@@ -68,6 +70,7 @@ GRID = (
         for p in ("full", "save_attn")
     ),
     ("tpu-v5p", "llama3.1-8b-fsdp8", "full"),
+    ("tpu-v5e", "tiny", "full+int8"),
 )
 """The (target, workload, preset) rows measured by default (see the module)."""
 KEPT = ("measured", "overflow", "measure_seconds", "argument", "temp", "compiler_peak")
@@ -79,6 +82,12 @@ def workload(name: str) -> plan.Workload:
     """The ``plan.Workload`` of ``WORKLOADS[name]``."""
     preset, changes, batch, seq, devices, _ = WORKLOADS[name]
     return plan.Workload(nn.TransformerConfig.preset(preset, **BF16, **changes), batch, seq, devices=devices)
+
+
+def spec(preset: str) -> "str | remat.RematSpec":
+    """The remat spec of a ``PRESETS`` name: ``"full+int8"`` is ``remat.compressed("full", "int8")``."""
+    base, _, fmt = preset.partition("+")
+    return remat.compressed(base, fmt) if fmt else base
 
 
 def versions() -> dict:
@@ -100,7 +109,7 @@ def reusable(path: "str | None") -> dict:
 def measured_row(name: str, preset: str, target: str) -> dict:
     """Compiles the step with XLA:TPU: its peak (or the bytes it needs over the HBM) and seconds."""
     start = time.perf_counter()
-    report = plan.measure(workload(name), preset, target=target)
+    report = plan.measure(workload(name), spec(preset), target=target)
     seconds = time.perf_counter() - start
     print(f"  {target} {name} {preset}: {seconds:.0f} s", file=sys.stderr, flush=True)
     return dict(
@@ -131,7 +140,7 @@ def rows_for(
                 if old is None and only_reused:
                     continue
                 got = {k: old.get(k) for k in KEPT} if old else measured_row(name, preset, target)
-                predicted = plan.predict(workload(name), preset, target=target).total
+                predicted = plan.predict(workload(name), spec(preset), target=target).total
                 rows.append(
                     dict(
                         workload=name,

@@ -84,18 +84,45 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
   32: ``bf16[4,8,1024,4,32]{4,2,3,1,0:T(8,128)(2,1)}``, 32 MiB for 8 MiB of values); the
   values (``v``) are laid out with T minor, unpadded. A norm's row statistic
   ``f32[rows, 1]`` takes a whole lane tile (``f32[4,8,1024,128]`` for ``tiny``).
-* VMEM: the memory-space assignment fills a scratch of ``VMEM_SCRATCH`` (``allocation:
-  size 117440512, color 1, preallocated-temp``) with temporaries, which then take no HBM.
-  A working set (the ``max`` of the layer's and the head's) within it is held there:
-  ``predict`` counts none of it. ``tiny`` (B=8, T=1024, working set 66 MiB): ``full``
-  measures 10.2 MiB of temp for 8 MiB of stored layer inputs and 1.5 MiB of gradients;
-  the odd step at B=5, T=592: 4.8 MiB of temp where the compiler's live peak
-  (``compiler_peak``, over HBM and VMEM) is 31.8 MiB. The HBM then holds long-lived
-  buffers only, fragmented as a step without remat (``TPU_FRAGMENTATION[0]``: ``tiny``
-  ``full``, 10.4 MiB predicted). A larger working set is counted whole (``small``'s 218
-  MiB: its temp is above the model's, 22% under ``full``). Where even the stored
-  residuals fit the scratch (the odd step at B=4, T=512, no remat: 42 MiB), they are in
-  VMEM too; ``predict`` does not model that (11 MiB measured, 45 predicted).
+* VMEM: the memory-space assignment fills a scratch of VMEM with temporaries, which then
+  take no HBM (memory space 1: ``allocation: size 117440512, color 1, preallocated-temp``
+  on v5e). Its size is the chip's: the core's VMEM less the scoped VMEM XLA:TPU keeps for
+  each fusion and kernel (``vmem_scratch``, ``TpuTarget.vmem_scratch``): 112 MiB of v5e's
+  128, 96 of v6e's 128, 48 of v5p's 64, the VMEM sizes being JAX's own TPU target
+  description (``pltpu.get_tpu_info_for_chip``). The dumps of the bf16 ``small`` step
+  (B=8, T=1024, ``full``) fill 112.0, 94.6 and 46.8 MiB of it. The rule, read off the
+  buffer assignments:
+
+  - a working set (the ``max`` of the layer's and the head's) within the scratch is held
+    there: ``predict`` counts none of it;
+  - the layer inputs' stack (``boundary_bytes``, compressed or not) is in VMEM too where it
+    fits beside that working set and the gradients. The HBM's temporaries are then the
+    gradients and the Splash kernel's scratch, which it allocates per sequence
+    (``kernel_hbm_scratch``; fragmented as a remat'd working set). In ``tiny`` (B=8,
+    T=1024, v5e) the stacked inputs are ``bf16[4,8,1024,128]...S(1)`` under ``full`` and
+    ``s8[4,8,1024,128]...S(1)`` with their scales ``f32[4,1,8192]...S(1)`` under ``full``
+    with int8 layer inputs. Under both, the HBM temporaries at their live peak are
+    ``f32[8,512,128]`` twice and ``f32[8,512,32]``, 6.1 MiB: measured 15.44 and 15.57 MB,
+    predicted 16.30 (+5.6%, +4.7%). Counted in HBM, the inputs gave +2.1% for ``full``
+    (their 8 MiB stood in for the kernel's scratch) and -27.2% for int8, which halves
+    them. The odd step of ``test_plan_tpu_model`` at B=8, T=1024 went from -25% to +5%;
+  - kept attention outputs stay in HBM (``tiny`` under ``save_attn``: 47.9 MiB of temp
+    for the model's 40.5 MiB stored);
+  - a larger working set is counted whole. The scratch holds as much of it as it can: in
+    ``small`` at v5e's HBM peak all 112 MiB are the working set's (fp32 RoPE halves
+    ``f32[8,1024,8,32]{3,1,2,0:T(8,128)}``, 32 MiB each for 8 MiB of values, and bf16
+    ``[8,1024,512]`` activations), and the HBM's live peak falls as the chip's scratch
+    grows: 320.2 MiB on v5p, 281.1 on v6e, 257.1 on v5e (367.0, 375.7 and 369.1 with the
+    scratch added back). Taking the scratch off the working set was tried on the 31 rows of
+    ``bench_plan_tpu.py`` and not kept: worst 16.2%, median 5.1% (``small`` -14% to -16% on
+    v6e). The model's working set for ``small`` (217.8 MiB) lacks about 40 MiB the dump
+    holds (the lane-padded fp32 RoPE halves; counting them puts the 1B rows 10% over). The
+    HBM allocation is also not the buffer assignment's: ``temp_size_in_bytes`` is 408.2 MB
+    on v5e for a ``preallocated-temp`` of 286.4 MB, and 1.38 to 1.70 times the live peak
+    over the chips (``TPU_FRAGMENTATION``). So ``small`` under ``full`` stays +22.4% on v5e.
+  - Where even the stored residuals of a step without remat fit the scratch (the odd step
+    at B=4, T=512: 42 MiB), they are in VMEM too; ``predict`` does not model that (11 MiB
+    measured, 45 predicted).
 * a quantized base (QLoRA): the layer's weights dequantized to the compute dtype, twice,
   in its working set (``layer_working_set``): the QLoRA ``llama3.1-8b`` step (B=1,
   T=8192, ``full``) had a live peak (``compiler_peak - argument``, 4,454 MiB) 1,094 MiB
@@ -117,7 +144,7 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
 import dataclasses
 
 from jaxckpt.nn import TransformerConfig, segment_sizes
-from jaxckpt.plan._compilers import VMEM_SCRATCH, compiled_by, hbm_temp, on_tpu
+from jaxckpt.plan._compilers import compiled_by, hbm_temp, on_tpu, vmem_scratch
 from jaxckpt.plan._compression import boundary_format, dequantize_bytes
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._specs import saved_tags
@@ -131,7 +158,7 @@ from jaxckpt.plan._state import (
     widened_bytes,
 )
 from jaxckpt.plan._targets import Target
-from jaxckpt.plan._working_set import compiler_extras, head_branch, layer_working_set
+from jaxckpt.plan._working_set import compiler_extras, head_branch, kernel_hbm_scratch, layer_working_set
 from jaxckpt.plan._workload import Workload, require_workload
 from jaxckpt.remat import RematSpec
 from jaxckpt.remat import get as get_remat
@@ -228,13 +255,21 @@ def predict(
             # out of the stacks (measured: XLA copies both)
             layer += k * (layer_param_bytes(config) + layer_trainable_bytes(config)) // workload.devices
     working = max(layer, head_branch(workload, target=target)) + compiler_extras(workload, target=target)
-    in_vmem = on_tpu(target) and working <= VMEM_SCRATCH
+    grads = trainable_bytes(workload, target=target) * (2 if workload.micro_batches > 1 else 1)
+    scratch = vmem_scratch(target)  # XLA:TPU: the chip's VMEM for temporaries (0 elsewhere)
+    in_vmem = on_tpu(target) and working <= scratch
+    kernel_scratch = 0  # XLA:TPU: short-lived temporaries in HBM beside a working set in VMEM
     if in_vmem:  # held in VMEM, no HBM (see the module)
+        stack = boundary_bytes(graph, spec, config)
+        if spec.enabled and stack <= scratch - working - grads:
+            # the layer inputs' stack fits beside it: in VMEM too, and the HBM holds the kernel's
+            # scratch alone
+            stored -= stack
+            kernel_scratch = kernel_hbm_scratch(workload, target=target)
         working = 0
     widened = widened_bytes(workload, target=target)
     if not spec.enabled:  # the stored casts are those copies
         widened = max(0, widened - config.n_layers * weight_casts(graph, config))
-    grads = trainable_bytes(workload, target=target) * (2 if workload.micro_batches > 1 else 1)
     offloaded = host_residual_bytes(graph, spec, config)
     host = 0
     if workload.optimizer.offload:
@@ -246,6 +281,7 @@ def predict(
     if on_tpu(target):  # the HBM temporaries' allocation, gradients included (see the module)
         # the remat'd fragmentation is that of a working set in HBM (see TPU_FRAGMENTATION)
         activations = hbm_temp(activations + grads, target, spec.enabled and not in_vmem) - grads
+        activations += hbm_temp(kernel_scratch, target)  # allocated and freed by each layer: remat'd
     return Prediction(
         params=params,
         grads=grads,
@@ -293,6 +329,25 @@ def stored_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) 
     # its k layer inputs
     boundaries = count - offloaded_boundaries(config, spec)
     return n_layers * kept + stored_x * boundaries + x * (k if k > 1 else 0)
+
+
+def boundary_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) -> int:
+    """Bytes of the stored layer inputs on the device: one per remat segment, at their
+    compressed size under a compressed boundary (``stored_bytes``' boundaries; 0 without remat).
+
+    Example:
+        >>> from jaxckpt import nn, plan, remat
+        >>> w = plan.Workload(nn.TransformerConfig.preset("tiny", n_layers=3), batch=2, seq=64)
+        >>> graph, cfg = plan.layer_graph(w), w.config
+        >>> boundary_bytes(graph, remat.get("full"), cfg) == 3 * graph.values["x"].nbytes
+        True
+        >>> [boundary_bytes(graph, remat.get(p), cfg) for p in ("offload_full", "none")]
+        [0, 0]
+    """
+    if not spec.enabled:
+        return 0
+    count = segments(config, spec)[1] - offloaded_boundaries(config, spec)
+    return graph.stored_value_bytes("x", boundary_format(spec), spec.compress_group) * count
 
 
 def offloaded_boundaries(config: TransformerConfig, spec: "str | RematSpec") -> int:

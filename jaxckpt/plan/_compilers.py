@@ -1,5 +1,5 @@
 """What each compiler does to a step's memory beyond the model's own bytes: XLA:GPU's cuBLAS
-workspace, XLA:TPU's VMEM scratch and the fragmentation of its HBM temporaries.
+workspace, XLA:TPU's VMEM scratch (per chip) and the fragmentation of its HBM temporaries.
 
 The analytic model (``_working_set``, ``_analytic``) adds these to what the model holds; the
 solver (``_milp``) turns a budget back into live bytes with ``live_temp``. The figures and
@@ -15,12 +15,17 @@ holds one. ``measure`` reports the larger peak of Triton's and cuBLAS's GEMMs, a
 small step that is cuBLAS's, by this workspace."""
 
 
-VMEM_SCRATCH = 112 * 2**20
-"""Bytes of the VMEM scratch XLA:TPU's memory-space assignment fills with temporaries
-(memory space 1: ``allocation: size 117440512, color 1, preallocated-temp`` in the buffer
-assignment of ``tiny``, ``small`` and ``llama3.2-1b`` steps for v5e, of its 128 MiB of
-VMEM): temporaries there take no HBM. ``predict`` holds a working set of at most this in
-VMEM (the same bound for v5p and v6e: their dumps were not read)."""
+def vmem_scratch(target: "str | Target | None") -> int:
+    """Bytes of VMEM XLA:TPU's memory-space assignment fills with temporaries on ``target``'s
+    chip (``TpuTarget.vmem_scratch``: the core's VMEM less the scoped VMEM; memory space 1,
+    ``allocation: size 117440512, color 1, preallocated-temp`` in v5e's buffer assignments);
+    temporaries there take no HBM. 0 for other compilers.
+
+    Example:
+        >>> vmem_scratch("tpu-v5e") // 2**20, vmem_scratch("tpu-v5p") // 2**20, vmem_scratch("h100-80g")
+        (112, 48, 0)
+    """
+    return compile_target(target).vmem_scratch if on_tpu(target) else 0
 
 
 TPU_FRAGMENTATION = (1.09, 1.54)

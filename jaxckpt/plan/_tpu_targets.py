@@ -47,6 +47,8 @@ import jax
 
 from jaxckpt._sizes import GiB
 
+MiB = 2**20
+
 TPU_CAVEAT = (
     "compiled for the TPU without one: XLA:TPU's own buffer assignment (libtpu), never run on a chip; "
     "the peak is the HBM it allocates (arguments + outputs + temporaries - aliased), as its own HBM "
@@ -66,6 +68,13 @@ class TpuTarget:
         torus: the slice's dimensions (2 for v5e and v6e, 3 for v4 and v5p).
         cores_per_chip: devices XLA:TPU's compile-only topology gives per chip (2 on v4,
             whose two TensorCores are separate devices there, each with half the HBM).
+        vmem: bytes of VMEM a TensorCore has (JAX's own target description,
+            ``jax.experimental.pallas.tpu.get_tpu_info_for_chip(...).vmem_capacity_bytes``:
+            128 MiB on v5e and v6e, 64 MiB on v5p, 16 MiB on v4).
+        scoped_vmem: bytes of that VMEM XLA:TPU keeps for what each fusion and kernel
+            allocates while it runs (its default scoped VMEM limit, libtpu's
+            ``--xla_tpu_scoped_vmem_limit_kib=-1``: 16 MiB, 32 MiB on v6e); the rest is the
+            memory-space assignment's (``vmem_scratch``).
 
     Example:
         >>> from jaxckpt import plan
@@ -77,10 +86,27 @@ class TpuTarget:
     generation: str
     device_kind: str
     torus: int
+    vmem: int
+    scoped_vmem: int = 16 * MiB
     cores_per_chip: int = 1
 
     platform = "tpu"
     caveat = TPU_CAVEAT
+
+    @property
+    def vmem_scratch(self) -> int:
+        """Bytes of VMEM XLA:TPU's memory-space assignment may fill with the program's
+        temporaries (memory space 1, ``preallocated-temp``), which then take no HBM: the
+        core's VMEM less the scoped VMEM. The buffer assignments of the bf16 ``small`` step
+        (B=8, T=1024, ``full``) fill 112 of v5e's 112 MiB, 94.6 of v6e's 96 and 46.8 of
+        v5p's 48 (libtpu 0.0.42.1).
+
+        Example:
+            >>> from jaxckpt import plan
+            >>> [plan.TARGETS[t].vmem_scratch // 2**20 for t in ("tpu-v5e", "tpu-v6e", "tpu-v5p")]
+            [112, 96, 48]
+        """
+        return self.vmem - self.scoped_vmem
 
     @property
     def measured_on(self) -> str:
@@ -109,10 +135,10 @@ class TpuTarget:
 
 
 TPU_TARGETS: dict[str, TpuTarget] = {
-    "tpu-v5e": TpuTarget("tpu-v5e", "v5e", "TPU v5 lite", torus=2),
-    "tpu-v5p": TpuTarget("tpu-v5p", "v5p", "TPU v5", torus=3),
-    "tpu-v6e": TpuTarget("tpu-v6e", "v6e", "TPU v6 lite", torus=2),
-    "tpu-v4": TpuTarget("tpu-v4", "v4", "TPU v4", torus=3, cores_per_chip=2),
+    "tpu-v5e": TpuTarget("tpu-v5e", "v5e", "TPU v5 lite", torus=2, vmem=128 * MiB),
+    "tpu-v5p": TpuTarget("tpu-v5p", "v5p", "TPU v5", torus=3, vmem=64 * MiB),
+    "tpu-v6e": TpuTarget("tpu-v6e", "v6e", "TPU v6 lite", torus=2, vmem=128 * MiB, scoped_vmem=32 * MiB),
+    "tpu-v4": TpuTarget("tpu-v4", "v4", "TPU v4", torus=3, vmem=16 * MiB, cores_per_chip=2),
 }
 """Target name -> ``TpuTarget`` (merged into ``plan.TARGETS``)."""
 

@@ -6,6 +6,7 @@ two branches.
 """
 
 from jaxckpt.plan._compilers import GEMM_WORKSPACE, compiled_by, on_tpu
+from jaxckpt.plan._layer_costs import attention_implementation, lane_padded
 from jaxckpt.plan._layer_graph import layer_graph
 from jaxckpt.plan._state import layer_trainable_bytes, trainable_bytes, transposed_bytes
 from jaxckpt.plan._targets import Target
@@ -150,3 +151,35 @@ def compiler_extras(workload: Workload, *, target: "str | Target | None" = None)
     if on_tpu(target):  # XLA:TPU lays the shards out split axis major: no copies (see the module)
         return 0
     return GEMM_WORKSPACE + transposed_bytes(workload, target=target)
+
+
+SPLASH_BLOCK = 512
+"""The Splash kernel's query block when none is asked for (``attention._splash``: the sequence
+rounded up to 128 lanes, at most 512)."""
+
+
+def kernel_hbm_scratch(workload: Workload, *, target: "str | Target | None" = None) -> int:
+    """Bytes of the attention kernel's scratch that XLA:TPU holds in HBM, whatever fits VMEM.
+
+    The Splash kernel runs once per sequence (``vmap`` over the batch), so its forward's
+    running max, running sum and output accumulator, VMEM scratch of one block of queries
+    inside the kernel, become the custom call's HBM outputs with a batch dimension:
+    ``f32[B, block_q, 128]`` twice and ``f32[B, block_q, head_dim]`` (lane-padded). In the
+    buffer assignment of ``tiny`` (B=8, T=1024, head_dim 32, ``full`` and ``full`` with int8
+    layer inputs, v5e) they are the only temporaries in HBM at its peak:
+    ``f32[8,512,128]`` twice and ``f32[8,512,32]{2,1,0:T(8,128)}``, 6 MiB; everything else is
+    in VMEM. 0 for other kernels and compilers.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> cfg = nn.TransformerConfig.preset("tiny", dtype="bfloat16", param_dtype="bfloat16")
+        >>> kernel_hbm_scratch(plan.Workload(cfg, 8, 1024), target="tpu-v5e") // 2**20
+        6
+        >>> kernel_hbm_scratch(plan.Workload(cfg, 8, 1024), target="h100-80g")
+        0
+    """
+    config = workload.config
+    if not on_tpu(target) or attention_implementation(config, target, workload.attention) != "splash":
+        return 0
+    block_q = min(SPLASH_BLOCK, -(-workload.seq // 128) * 128)
+    return workload.local_batch * block_q * (2 * 128 + lane_padded(config.head_dim)) * 4
