@@ -10,6 +10,7 @@ over K = 2 key/value heads (GQA), H = 8, tiles of 5 x 7 (padded inside each chun
 """
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -158,13 +159,47 @@ def _check(errors):
     assert not bad, f"relative errors above {BOUND}: {bad} (all: {errors})"
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
+SEQ8_COVERING = (
+    ("ring", True, False),
+    ("ring", False, True),
+    ("all_gather", False, False),
+    ("all_gather", True, True),
+    ("all_gather", True, False),
+)
+"""``(strategy, causal, packed)``: every pair of values of two of the three factors meets in one
+of the first four (a pairwise covering of the 2 x 2 x 2 grid); the fifth is the all-gather
+program the communication test below reads (compiled anyway; its reference is ring's). The
+other three run with ``--grid``; causal and packed together also run in
+``test_causal_window_packed_zigzag`` and ``test_bfloat16_within_the_kernel_tolerances``."""
+
+
+@pytest.mark.parametrize(
+    ("strategy", "causal", "packed"),
+    [
+        pytest.param(
+            strategy,
+            causal,
+            packed,
+            id=f"{strategy}-{'causal' if causal else 'full'}-{'packed' if packed else 'rows'}",
+            marks=[] if (strategy, causal, packed) in SEQ8_COVERING else [pytest.mark.grid],
+        )
+        for strategy in STRATEGY_NAMES
+        for causal in (False, True)
+        for packed in (False, True)
+    ],
+)
 def test_equals_reference_on_seq8(strategy, causal, packed):
     """Ring and all-gather, causal (zigzag order) and not (contiguous chunks), packed rows
     and not: forward and gradients equal the whole-sequence reference."""
     _check(_errors(strategy, zigzag=causal, packed=packed, is_causal=causal))
+
+
+def test_the_seq8_cases_meet_every_pair_of_values():
+    values = (STRATEGY_NAMES, (False, True), (False, True))
+    for (i, a), (j, b) in itertools.combinations(enumerate(values), 2):
+        met = {(case[i], case[j]) for case in SEQ8_COVERING[:4]}
+        assert met == set(itertools.product(a, b)), (i, j)
+    assert {(s, True, False) for s in STRATEGY_NAMES} <= set(SEQ8_COVERING)  # _compiled_vjp's programs
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
