@@ -4,10 +4,13 @@ on ``fsdp=2,seq=4`` and on ``seq=8`` have the losses of one device (fp32, 1e-5),
 both strategies, on token windows and on packed rows; and with remat presets, QLoRA and
 the tiled MLP.
 
-Each trainer is built, compiled and run once per module (``_losses`` is cached).
+Each trainer is built, compiled and run once per module (``_losses`` is cached). The
+mesh x strategy x batch grid runs a pairwise covering design (4 of its 8 cases); ``pytest
+--grid`` runs all 8.
 """
 
 import functools
+import itertools
 
 import jax
 import numpy as np
@@ -90,16 +93,46 @@ def _size(mesh: str) -> int:
     return int(np.prod(list(train.parse_mesh(mesh).values())))
 
 
+MESHES, STRATEGIES, BATCHES = ("fsdp=2,seq=4", "seq=8"), ("all_gather", "ring"), (False, True)
+
+
+def _grid_params() -> list:
+    """mesh x strategy x (windows, packed): ``make test`` runs the covering design of the
+    cases whose three indices sum to an even number (4 of 8: every value of each factor and
+    every pair of values of two factors meet in one of them); the other 4 are marked ``grid``
+    (``pytest --grid``)."""
+    params = []
+    for (i, mesh), (j, strategy), (k, packed) in itertools.product(
+        enumerate(MESHES), enumerate(STRATEGIES), enumerate(BATCHES)
+    ):
+        beyond = (i + j + k) % 2 == 1
+        case_id = f"{mesh}-{strategy}-{'packed' if packed else 'windows'}"
+        params.append(pytest.param(mesh, strategy, packed, id=case_id, marks=[pytest.mark.grid] * beyond))
+    return params
+
+
+GRID = _grid_params()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("packed", [False, True], ids=["windows", "packed"])
-@pytest.mark.parametrize("strategy", ["all_gather", "ring"])
-@pytest.mark.parametrize("mesh", ["fsdp=2,seq=4", "seq=8"])
+@pytest.mark.parametrize(("mesh", "strategy", "packed"), GRID)
 def test_losses_equal_one_device(mesh, strategy, packed):
     single, (split, comm) = _losses(None, packed=packed), _run(mesh, strategy, packed)
     assert single[-1] < single[0]  # it trains
     assert float(np.abs(split - single).max()) <= BOUND, (split, single)
     if strategy == "ring":  # the attention really ran across the shards, as a ring
         assert comm.bytes["collective-permute"] > 0, comm
+
+
+def test_the_covering_design_meets_every_pair_of_values():
+    """``make test``'s cases of ``test_losses_equal_one_device`` (those not marked ``grid``)
+    hold every pair of values of any two of its factors (so every value too), and the full
+    grid is the whole cross product."""
+    cases = [p.values for p in GRID if not any(m.name == "grid" for m in p.marks)]
+    assert len(cases) == 4 and len(GRID) == len(MESHES) * len(STRATEGIES) * len(BATCHES)
+    factors = (MESHES, STRATEGIES, BATCHES)
+    for a, b in itertools.combinations(range(3), 2):
+        assert {(c[a], c[b]) for c in cases} == set(itertools.product(factors[a], factors[b])), (a, b)
 
 
 PRESETS = [p for p in ("save_attn", "none", "offload_full") if p in remat_presets.PRESETS]
