@@ -140,8 +140,8 @@ def compare(
 
     Example:
         >>> from jaxckpt import compare, nn
-        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=2, d_model=32, n_heads=2, ffn_dim=48)
-        >>> out = compare.compare(cfg, batch=2, seq=16, steps=1, rows=[("flash", "full")], progress=False)
+        >>> cfg = nn.TransformerConfig.preset("tiny", n_layers=1)
+        >>> out = compare.compare(cfg, batch=1, seq=16, steps=1, rows=[("flash", "full")], progress=False)
         >>> [(r["attention"], r["remat"]) for r in out["rows"]]
         [('reference', 'none'), ('flash', 'full')]
     """
