@@ -487,10 +487,11 @@ DISK_FULL_STAGES = {
 jaxckpt's ``jaxckpt.json``."""
 
 
-def one_line_failure(proc: Process, directory: Path, packed: bool) -> str | None:
+def one_line_failure(proc: Process, directory: Path, packed: bool, logged: int | None = None) -> str | None:
     """What is wrong with a run stopped by a failed checkpoint write, or None: it must exit 2
     with exactly one line on stderr (``run_stderr``), naming the directory, the step and the
-    log file (``CHECKPOINT_LOG``), which holds the detail; the latest step is complete and no
+    log file (``CHECKPOINT_LOG``), which holds the detail (``logged``: the log holds exactly
+    that many failed writes, this one the last); the latest step is complete and no
     temporary is left."""
     from jaxckpt.train import CHECKPOINT_LOG
 
@@ -502,11 +503,37 @@ def one_line_failure(proc: Process, directory: Path, packed: bool) -> str | None
         return f"exit {proc.returncode}, {len(lines)} lines on stderr: {proc.stderr[-1500:]}"
     if str(directory) not in lines[0] or "step " not in lines[0] or f"details in {log}" not in lines[0]:
         return f"the line does not name the directory, the step and the log: {lines[0]}"
-    if not log.is_file() or "could not write checkpoint step" not in log.read_text():
-        return f"{log} does not hold the failure"
+    failures = log.read_text().count("could not write checkpoint step") if log.is_file() else 0
+    if failures == 0 or (logged is not None and failures != logged):
+        return f"{log} holds {failures} failed writes, not {logged or 'at least 1'}"
     if not latest_is_complete(directory, packed) or strays(directory):
         return f"the latest step is not complete, or temporaries are left: {strays(directory)}"
     return None
+
+
+def disk_full_at_each_stage(workdir: Path, reference: Reference, packed: bool) -> DiskFull:
+    """One directory through a run per stage of ``DISK_FULL_STAGES``, in its order, whose disk
+    fills at that stage of its first checkpoint write (each run resumes the directory the
+    previous one left, which holds no checkpoint: every write is a first one), each checked by
+    ``one_line_failure``; then a run on a disk with room resumes it to the end, and every loss
+    of the runs and the final arrays are the reference's, bit for bit. Four disk-full runs and
+    one resume, instead of a resume after each."""
+    directory, report, stopped = workdir / "full-each-stage", DiskFull(), []
+    for stage, (kill_at, action) in DISK_FULL_STAGES.items():
+        proc = run_process(workdir, reference.args, directory, kill_at=kill_at, action=action)
+        report.tries += 1
+        problem = one_line_failure(proc, directory, packed, logged=len(stopped) + 1)
+        if problem:
+            report.failures.append(f"{stage}: {problem}")
+            return report
+        report.clean_exits += 1
+        stopped.append(proc)
+    rest = run_process(workdir, reference.args, directory)
+    if rest.returncode == 0 and check_round(Report(), directory, [*stopped, rest], reference):
+        report.resumed_identically += 1
+    else:
+        report.failures.append(f"the resume differed or failed: {rest.stderr[-1500:]}")
+    return report
 
 
 def disk_full_at_stage(workdir: Path, reference: Reference, stage: str, runs: int, packed: bool) -> DiskFull:

@@ -76,14 +76,15 @@ def _stopped_by_sigterm(proc: harness.Process, directory) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", list(harness.DISK_FULL_STAGES))
-def test_a_full_disk_at_each_stage_stops_the_run_in_one_line_and_the_resume_is_bit_identical(packed, stage):
-    """The disk fills at one stage of the first checkpoint write (the array data: RLIMIT_FSIZE,
-    so orbax's C++ writer fails; orbax's metadata; the rename that finalizes the step;
-    jaxckpt.json): exit 2 with exactly one line on stderr, naming the directory, the step and
-    the log file that holds orbax's reports; the previous checkpoint the latest, no temporary
-    left; the resume on a disk with room again reproduces the unkilled run bit for bit."""
+def test_a_full_disk_at_each_stage_stops_the_run_in_one_line_and_the_resume_is_bit_identical(packed):
+    """The disk fills at each stage of a first checkpoint write in turn (the array data:
+    RLIMIT_FSIZE, so orbax's C++ writer fails; orbax's metadata; the rename that finalizes the
+    step; jaxckpt.json), one run a stage, each resuming the directory the last one left: each
+    exits 2 with exactly one line on stderr, naming the directory, the step and the log file
+    that holds orbax's reports (and its failure, the last of the log); the latest step is
+    complete (there is none yet) and no temporary is left; a resume on a disk with room again reproduces the
+    unkilled run bit for bit, the losses of every run included."""
     workdir, reference = packed
-    report = harness.disk_full_at_stage(workdir, reference, stage, runs=1, packed=True)
+    report = harness.disk_full_at_each_stage(workdir, reference, packed=True)
     assert not report.failures, report.failures
-    assert report.clean_exits == 1 and report.resumed_identically == 1, report
+    assert report.clean_exits == len(harness.DISK_FULL_STAGES) and report.resumed_identically == 1, report
