@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import plan_family_cases as pfc
 import pytest
 from flax import nnx
+from pairwise_cover import grid_params
 
 from jaxckpt import nn, plan, remat, train
 from jaxckpt.plan._working_set import head_working_set
@@ -152,13 +153,42 @@ NEW_OPS = ("qwen3", "gemma2", "gemma3", "phi3", "smollm3")
 partial rotary, NoPE): every preset of the grid. The others (tied heads, q/k/v biases, a
 window) change no residual of a LLaMA layer, whose presets ``test_prediction_within_10_percent``
 covers: ``full`` for them."""
-FAMILY_GRID = [
-    (f, p) for f in FAMILIES for p in ("none", "full", "save_attn", "minimal") if f in NEW_OPS or p == "full"
-]
+GRID_PRESETS = ("none", "full", "save_attn", "minimal")
+FAMILY_GRID = [(f, p) for f in FAMILIES for p in GRID_PRESETS if f in NEW_OPS or p == "full"]
+"""The full grid (``pytest --grid``)."""
+
+
+def new_ops(config: nn.TransformerConfig) -> set[str]:
+    """The ops of ``config``'s layers that a plain LLaMA layer has not (read off its fields)."""
+    ops = {
+        "q/k norm": config.qk_norm,
+        "post norms": config.post_norms,
+        "GeGLU": config.activation.startswith("geglu"),
+        "soft caps": config.attention_softcap is not None or config.logits_softcap is not None,
+        "partial rotary": config.rotary_fraction < 1,
+        "NoPE": any(kind.endswith("_nope") for kind in config.layer_pattern),
+    }
+    return {op for op, present in ops.items() if present}
+
+
+FAMILY_COVERING = [(f, p) for f, p in FAMILY_GRID if f != "qwen3" or p == "full"]
+"""What ``make test`` runs of ``FAMILY_GRID``: every family under ``full``, and every new op
+under every preset (the pairs of values of (op, preset)); Gemma 3 carries Qwen 3's one new op,
+q/k norm, through the presets (``test_the_family_covering_meets_every_op_under_every_preset``),
+so Qwen 3's other three presets run under ``--grid``."""
+
+
+def test_the_family_covering_meets_every_op_under_every_preset():
+    assert {f for f in FAMILIES if new_ops(FAMILIES[f])} == set(NEW_OPS)
+    met = {(op, p) for f, p in FAMILY_COVERING for op in new_ops(FAMILIES[f])}
+    every_op = set().union(*(new_ops(FAMILIES[f]) for f in NEW_OPS))
+    assert met == {(op, p) for op in every_op for p in GRID_PRESETS}
+    assert {f for f, p in FAMILY_COVERING if p == "full"} == set(FAMILIES)
+    assert set(FAMILY_COVERING) <= set(FAMILY_GRID)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "preset"), FAMILY_GRID)
+@pytest.mark.parametrize(("family", "preset"), grid_params(FAMILY_GRID, FAMILY_COVERING))
 def test_every_family_predicts_within_10_percent(family, preset):
     config = FAMILIES[family].replace(dtype="float32")
     assert abs(_error(config, FAMILY_BATCH, FAMILY_SEQ, preset)) <= 0.10
