@@ -120,6 +120,10 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
     HBM allocation is also not the buffer assignment's: ``temp_size_in_bytes`` is 408.2 MB
     on v5e for a ``preallocated-temp`` of 286.4 MB, and 1.38 to 1.70 times the live peak
     over the chips (``TPU_FRAGMENTATION``). So ``small`` under ``full`` stays +22.4% on v5e.
+    Nor does the assignment always fill the scratch: the odd step at B=8, T=1024 on v5p
+    (working set 65 MiB, scratch 48) measures 81.85 MiB, its HBM's live peak 50.4 MiB, so
+    about 20 MiB of the working set are in VMEM. Counted whole it is predicted at 113.79
+    MiB (+39%); with the scratch taken off, about 40 (-51%).
   - Where even the stored residuals of a step without remat fit the scratch (the odd step
     at B=4, T=512: 42 MiB), they are in VMEM too; ``predict`` does not model that (11 MiB
     measured, 45 predicted).
