@@ -186,17 +186,16 @@ def test_the_plain_loss_chunks_its_logits_too(monkeypatch):
     tokens = jax.random.randint(jax.random.key(3), (3, 14), 0, SIZES["vocab_size"])
     spec = remat.get("full")
 
-    def loss_and_grads():
-        return jax.jit(lambda p: train.loss_and_grads(graphdef, p, rest, tokens[None], spec))(params)
+    def loss_and_grads():  # a new function each time: the limit is read when it is traced
+        return jax.jit(lambda p: train.loss_and_grads(graphdef, p, rest, tokens[None], spec))
 
-    want_loss, want_grads = loss_and_grads()
+    want_loss, want_grads = loss_and_grads()(params)
     monkeypatch.setattr(_loss, "CHUNK_LOGITS_BYTES", 3 * 4 * 4 * SIZES["vocab_size"])  # 4 positions a chunk
     assert _loss.chunk_count(3, 13, SIZES["vocab_size"]) > 1
-    got_loss, got_grads = loss_and_grads()
+    chunked = loss_and_grads()
+    got_loss, got_grads = chunked(params)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    hlo = (
-        jax.jit(lambda p: train.loss_and_grads(graphdef, p, rest, tokens[None], spec)).lower(params).as_text()
-    )
+    hlo = chunked.lower(params).as_text()  # the program that ran (its trace is reused)
     assert f"3x13x{SIZES['vocab_size']}x" not in hlo  # the whole logits never exist
