@@ -210,13 +210,21 @@ def test_bad_lora_settings_name_the_field(capsys):
     assert "--lora-alpha needs --lora R" in capsys.readouterr().err
 
 
+CLI_SIZES = ["--model", "tiny", "--layers", "1", "--batch", "2", "--seq", "16", "--json"]
+
+
+@pytest.fixture(scope="module")
+def plain_checkpoint(tmp_path_factory):
+    """A plain (no LoRA) one-step CLI training run's checkpoint: the base of the tests below."""
+    d = tmp_path_factory.mktemp("base")
+    assert main(["train", *CLI_SIZES, "--steps", "1", "--checkpoint-dir", str(d)]) == 0
+    return d
+
+
 @pytest.mark.slow
-def test_the_cli_trains_adapters_on_an_init_from_base(tmp_path, capsys):
+def test_the_cli_trains_adapters_on_an_init_from_base(plain_checkpoint, tmp_path, capsys):
     """A plain trained checkpoint as the base: its parameters, adapters added, stored in bf16."""
-    common = ["--model", "tiny", "--layers", "1", "--batch", "2", "--seq", "16", "--json"]
-    assert main(["train", *common, "--steps", "1", "--checkpoint-dir", str(tmp_path / "base")]) == 0
-    capsys.readouterr()
-    argv = ["train", *common, "--init-from", str(tmp_path / "base"), "--tokenizer", "bytes", "--steps", "3"]
+    argv = ["train", *CLI_SIZES, "--init-from", str(plain_checkpoint), "--tokenizer", "bytes", "--steps", "3"]
     argv += ["--lora", "4", "--lora-targets", "q,k", "--checkpoint-dir", str(tmp_path / "run")]
     assert main(argv) == 0
     assert len(json.loads(capsys.readouterr().out)["steps"]) == 3
@@ -227,15 +235,15 @@ def test_the_cli_trains_adapters_on_an_init_from_base(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_quantized_base_from_a_plain_checkpoint(tmp_path):
+def test_a_quantized_base_from_a_plain_checkpoint(plain_checkpoint):
     """--init-from a plain checkpoint with --lora and --quantize-base: the base quantized on load."""
-    run = train.RunConfig(steps=1, batch=2, seq=8, checkpoint={"dir": tmp_path / "base"}, progress=False)
-    train.train(BASE.replace(vocab_size=256), run)
-    cfg = CFG.replace(vocab_size=256)
-    model = train.initial_model(cfg.replace(quantize_base="int8"), 0, tmp_path / "base")
+    base = nn.TransformerConfig.from_dict(train.read_meta(plain_checkpoint)["config"])
+    assert base.lora is None and base.param_dtype == "float32"
+    cfg = base.replace(lora=LORA)
+    model = train.initial_model(cfg.replace(quantize_base="int8"), 0, plain_checkpoint)
     assert isinstance(model.blocks.attn.q_proj, nn.QuantizedLinear)
     assert model.blocks.attn.q_proj.lora.lora_a[...].dtype == jnp.float32
     tokens = _tokens()[0]
-    want = _forward(train.initial_model(cfg.replace(lora=None), 0, tmp_path / "base"), tokens, None)
+    want = _forward(train.initial_model(base, 0, plain_checkpoint), tokens, None)
     rel = float(jnp.abs(_forward(model, tokens, None) - want).max() / jnp.abs(want).max())
     assert rel < 0.02  # int8's documented bound (tests/nn/test_nn_quant.py)
