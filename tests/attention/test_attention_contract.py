@@ -384,8 +384,8 @@ def test_every_pair_of_feature_values_meets_on_every_kernel():
         for case in cases:
             values = [(f, f in case.features) for f in runnable]
             met |= set(itertools.combinations(values, 2))
-        pairs, values = itertools.combinations(runnable, 2), list(itertools.product((False, True), repeat=2))
-        every = {((a, x), (b, y)) for a, b in pairs for x, y in values}
+        pairs, both = itertools.combinations(runnable, 2), list(itertools.product((False, True), repeat=2))
+        every = {((a, x), (b, y)) for a, b in pairs for x, y in both}
         assert met == every, (impl, sorted(every - met))
 
 
