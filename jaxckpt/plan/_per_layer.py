@@ -48,7 +48,7 @@ FIRST_GROUP_MIN = 2
 layer kept everything: on XLA:CPU (``tiny``, 6 layers, B4 T1024) ``1 x save_attn + 5 x full``
 peaked at 146.23 MiB (predicted 106.14; ``none`` keeps about 49 MiB a layer) where
 ``2 x save_attn + 4 x full`` peaked at 103.57 and ``5 x save_attn + 1 x full`` (a last group of
-one) at 106.00. Not yet understood (``nn.run_blocks``); such splits are left out."""
+one) at 106.55. Not yet understood (``nn.run_blocks``); such splits are left out."""
 
 
 def _mixable(spec: RematSpec) -> bool:
