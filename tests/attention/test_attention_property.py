@@ -2,9 +2,11 @@
 
 Hypothesis draws T, S in 1..70, H in {8, 16, 24}, K in {1, 2, 3}, N = K * G with G
 in {1, 2}, any subset of the features and block sizes 1..40, and checks the
-output, the lse and the gradients wrt q, k, v and bias. The number of examples
-comes from the hypothesis profile in conftest (each example compiles once); the Pallas
-kernel, interpreted off a GPU (about 3 s an example), runs on a fifth of them.
+output, the lse and the gradients wrt q, k, v and bias. Each example compiles two or
+three programs (the reference, blockwise and, on some, Pallas), so ``make test`` draws
+half the examples of the hypothesis profile in conftest; the same test at the profile's
+full count is marked ``grid`` (``pytest --grid``). The Pallas kernel, interpreted off a GPU
+(about 3 s an example), runs on a fifth of each run's examples.
 
 One test draws the cases for both kernels: an example that checks Pallas too compares it
 with the same reference result as blockwise, so its reference program is compiled once,
@@ -58,19 +60,35 @@ def _check(impl: str, case: Case, inp, want) -> None:
     assert got.out.dtype == jnp.dtype(case.dtype)
 
 
-# Counts the examples run: Pallas takes the first ones (the explicit example, then a fifth
-# of the profile's examples), the ones a test of its own would draw first.
-_EXAMPLES = itertools.count()
-PALLAS_EXAMPLES = 1 + max(1, settings().max_examples // 5)
-
-
-@pytest.mark.slow
-@given(case=cases())
-@example(case=dataclasses.replace(BF16_TAIL, variant=1, seed=266))
-def test_blockwise_and_pallas_match_reference(case):
-    """Blockwise on every example, Pallas on the first ones, both against one reference run."""
+def _check_case(case: Case, examples_run, max_examples: int) -> None:
+    """Blockwise on every example, Pallas on the first ones (the explicit example, then a
+    fifth of ``max_examples``), both against one reference run. ``examples_run`` counts the
+    test's examples."""
     inp = build(case)
     want = evaluate(jaxckpt.attention_reference, inp)
     _check("blockwise", case, inp, want)
-    if next(_EXAMPLES) < PALLAS_EXAMPLES:
+    if next(examples_run) < 1 + max(1, max_examples // 5):
         _check("pallas", case, inp, want)
+
+
+PROFILE_EXAMPLES = settings().max_examples
+MAKE_TEST_EXAMPLES = max(1, PROFILE_EXAMPLES // 2)
+_MAKE_TEST_RUN, _FULL_RUN = itertools.count(), itertools.count()
+
+
+@pytest.mark.slow
+@settings(max_examples=MAKE_TEST_EXAMPLES)
+@given(case=cases())
+@example(case=dataclasses.replace(BF16_TAIL, variant=1, seed=266))
+def test_blockwise_and_pallas_match_reference(case):
+    """Half the profile's examples: each compiles two or three programs."""
+    _check_case(case, _MAKE_TEST_RUN, MAKE_TEST_EXAMPLES)
+
+
+@pytest.mark.slow
+@pytest.mark.grid
+@given(case=cases())
+@example(case=dataclasses.replace(BF16_TAIL, variant=1, seed=266))
+def test_blockwise_and_pallas_match_reference_at_the_profiles_count(case):
+    """The profile's full count of examples (``pytest --grid``)."""
+    _check_case(case, _FULL_RUN, PROFILE_EXAMPLES)
