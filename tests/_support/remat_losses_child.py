@@ -2,7 +2,7 @@
 fusion code generator; ``tests/torch_bridge/test_families.py`` starts it.
 
 Usage: ``python remat_losses_child.py IN_JSON OUT_JSON``. ``IN_JSON`` holds ``{"checkpoints":
-{family: save_pretrained directory}, "batch": [[[token, ...]]], "remat": [preset, ...],
+{family: save_pretrained directory}, "batch": [[[token, ...]]], "remat": {family: [preset, ...]},
 "steps": N}``; ``OUT_JSON`` gets ``{family: {preset: [loss, ...]}}``.
 
 Why a process of its own: the suite compiles with ``xla_cpu_use_fusion_emitters=false``
@@ -25,7 +25,7 @@ def main(spec: dict) -> dict:
     losses = {}
     for family, path in spec["checkpoints"].items():
         losses[family] = {}
-        for remat in spec["remat"]:
+        for remat in spec["remat"][family]:
             trainer = train.Trainer(torch_bridge.load_hf(path), remat=remat)
             losses[family][remat] = [float(trainer.step(batch)) for _ in range(spec["steps"])]
     return losses

@@ -3,13 +3,16 @@
 For each family of ``torch_models.FAMILIES``: the fp32 logits of the loaded model match
 transformers' within ``LOGITS_ATOL`` with the same argmax; every weight format loads the
 same parameters; ``save_hf`` gives transformers back the same model; and a few training
-steps under ``full``, ``save_attn`` and ``minimal`` give identical losses.
+steps under ``full``, ``save_attn`` and ``minimal`` give identical losses (every family under
+two presets or more, every feature under every preset: ``REMAT_COVERING``; the full cross
+product with ``--grid``).
 """
 
 import json
 import os
 import subprocess
 import sys
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -145,16 +148,50 @@ def test_the_text_model_of_a_multimodal_gemma3_loads(tmp_path, fmt):
 
 
 REMAT_CHILD = Path(__file__).resolve().parents[1] / "_support" / "remat_losses_child.py"
+REMAT_PRESETS = ("full", "save_attn", "minimal")
+
+FAMILY_FEATURES = {  # what each family of torch_models brings into the block (its comments)
+    "llama3": {"llama3_rope", "tied_head"},
+    "smollm2": {"tied_head"},
+    "qwen2": {"qkv_bias", "untied_head"},
+    "qwen3": {"qk_norm", "wide_heads", "untied_head"},  # wide: head_dim != hidden / heads
+    "mistral": {"sliding_window", "wide_heads", "untied_head"},
+    "gemma2": {"layer_pattern", "softcaps", "sandwich_norm", "wide_heads", "tied_head"},
+    "gemma3": {
+        "layer_pattern",
+        "qk_norm",
+        "sandwich_norm",
+        "rope_per_kind",
+        "linear_rope",
+        "wide_heads",
+        "tied_head",
+    },
+    "phi3": {"fused_projections", "partial_rotary", "longrope", "sliding_window", "untied_head"},
+    "smollm3": {"nope_layers", "tied_head"},
+}
+
+REMAT_COVERING = {family: REMAT_PRESETS for family in tm.FAMILIES} | {
+    # each feature of these three families meets every preset in another family
+    "smollm2": ("full", "save_attn"),
+    "qwen3": ("full", "minimal"),
+    "mistral": ("save_attn", "minimal"),
+}
+"""The (family, preset) runs of ``make test``: every family under two presets or more, and
+every pair (feature, preset) in some run; ``--grid`` adds ``REMAT_GRID``."""
+
+REMAT_GRID = {family: REMAT_PRESETS for family, presets in REMAT_COVERING.items() if presets != REMAT_PRESETS}
+"""The runs of ``--grid`` (marker ``grid``): the families ``REMAT_COVERING`` leaves a preset out
+of, under every preset; with it, the full cross product family x preset."""
 
 
-@pytest.mark.slow
-def test_training_steps_are_identical_under_every_remat(saved, tmp_path):
-    """Every family, three steps under each preset, in one process with XLA's default fusion
-    code generator (``remat_losses_child.py`` says why): the losses are bit-identical."""
+def _training_losses(saved, tmp_path, runs: dict) -> dict:
+    """``{family: {preset: [loss, ...]}}``: three steps of each ``runs`` family under each of
+    its presets, in one child process with XLA's default fusion code generator
+    (``remat_losses_child.py`` says why)."""
     spec = {
-        "checkpoints": {family: str(path) for family, (_, path) in saved.items()},
+        "checkpoints": {family: str(saved[family][1]) for family in runs},
         "batch": np.random.default_rng(1).integers(0, tm.VOCAB, (1, 2, 10)).tolist(),  # [M, B, T + 1]
-        "remat": ["full", "save_attn", "minimal"],
+        "remat": {family: list(presets) for family, presets in runs.items()},
         "steps": 3,
     }
     (tmp_path / "in.json").write_text(json.dumps(spec))
@@ -163,11 +200,59 @@ def test_training_steps_are_identical_under_every_remat(saved, tmp_path):
     args = [sys.executable, str(REMAT_CHILD), str(tmp_path / "in.json"), str(tmp_path / "out.json")]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert sorted(results) == sorted(tm.FAMILIES)
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def _assert_identical_and_training(results: dict, runs: dict) -> None:
+    assert sorted(results) == sorted(runs)
     for family, losses in results.items():
-        assert losses["full"] == losses["save_attn"] == losses["minimal"], (family, losses)
-        assert losses["full"][-1] < losses["full"][0], (family, losses)  # it trains
+        assert sorted(losses) == sorted(runs[family]), (family, sorted(losses))
+        first, *others = (losses[preset] for preset in runs[family])
+        assert all(other == first for other in others), (family, losses)
+        assert first[-1] < first[0], (family, losses)  # it trains
+
+
+@pytest.mark.slow
+def test_training_steps_are_identical_under_every_remat(saved, tmp_path):
+    """Every family, three steps under two or three presets (``REMAT_COVERING``): the losses
+    are bit-identical."""
+    _assert_identical_and_training(_training_losses(saved, tmp_path, REMAT_COVERING), REMAT_COVERING)
+
+
+@pytest.mark.slow
+@pytest.mark.grid
+def test_training_steps_are_identical_under_every_remat_full_grid(saved, tmp_path):
+    """The full cross product's runs beyond ``REMAT_COVERING`` (``REMAT_GRID``)."""
+    _assert_identical_and_training(_training_losses(saved, tmp_path, REMAT_GRID), REMAT_GRID)
+
+
+def test_the_remat_covering_meets_every_family_preset_and_feature_preset_pair():
+    assert set(FAMILY_FEATURES) == set(REMAT_COVERING) == set(tm.FAMILIES)
+    for presets in REMAT_COVERING.values():
+        assert len(presets) >= 2 and set(presets) <= set(REMAT_PRESETS), presets
+    met = {
+        (feature, preset)
+        for family, presets in REMAT_COVERING.items()
+        for feature in FAMILY_FEATURES[family]
+        for preset in presets
+    }
+    for family, features in FAMILY_FEATURES.items():  # the features a config shows, as its config has them
+        config = tm._family_config(family)
+        assert ("tied_head" in features) == config.tie_word_embeddings != ("untied_head" in features), family
+        head_dim = getattr(config, "head_dim", None)
+        wide = head_dim not in (None, config.hidden_size // config.num_attention_heads)
+        assert ("wide_heads" in features) == wide, family
+    features = set().union(*FAMILY_FEATURES.values())
+    assert met == {(feature, preset) for feature in features for preset in REMAT_PRESETS}
+    runs = {
+        (family, preset)
+        for grid in (REMAT_COVERING, REMAT_GRID)
+        for family in grid
+        for preset in grid[family]
+    }
+    assert runs == {(family, preset) for family in tm.FAMILIES for preset in REMAT_PRESETS}  # with --grid
+    compared = {frozenset(pair) for presets in REMAT_COVERING.values() for pair in combinations(presets, 2)}
+    assert compared == {frozenset(pair) for pair in combinations(REMAT_PRESETS, 2)}
 
 
 def test_the_grid_covers_every_family_torch_bridge_reads():
