@@ -37,7 +37,10 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # --durations: every run prints its slowest tests, so the 15-minute rule is watched where it is kept.
-PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --durations=25
+# --dist loadfile: a file's tests run in one worker, so what a module fixture or a cache of the
+# file builds (a trained checkpoint, a traced step) is built once, not in both workers: 4% less
+# CPU on tests/nn, tests/remat and two training files (470 -> 451 CPU-s, fresh compile cache).
+PYTEST := TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pytest -n 2 --dist loadfile --durations=25
 
 test: lint docs-build
 	$(PYTEST) --doctest-modules tests jaxckpt torch_bridge npu_backend

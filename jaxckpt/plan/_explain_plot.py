@@ -151,9 +151,8 @@ def _html(explanation: Explanation, path: Path, heading: str) -> None:
 
 
 def _png(explanation: Explanation, path: Path, heading: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    # A bare Figure draws through its own Agg canvas: no pyplot, and no backend switched under a
+    # notebook's inline plotting.
     from matplotlib.figure import Figure
 
     xs, series = _series(explanation)
