@@ -1,4 +1,4 @@
-"""Pairwise covering designs for the planner's accuracy grids.
+"""Pairwise covering designs for the suite's grids (the planner's accuracy, context parallelism).
 
 A grid of cases over several factors (model, rank, targets, quantization, remat, ...) runs in
 ``make test`` as a subset that still meets every value of every factor and every pair of
@@ -37,13 +37,18 @@ def assert_covers_every_pair(covering: Sequence[Row], full: Sequence[Row]) -> No
     assert not missed, f"the covering misses {len(missed)} pairs of values of the full grid: {missed}"
 
 
-def grid_params(full: Sequence[Row], covering: Sequence[Row], marks=()) -> list:
+def grid_params(full: Sequence[Row], covering: Sequence[Row], marks=(), name=None) -> list:
     """``pytest.param`` of each row of ``full``, in its order: the rows of ``covering`` as they
-    are, the others marked ``grid`` (run with ``pytest --grid`` only). ``marks``: on every row."""
+    are, the others marked ``grid`` (run with ``pytest --grid`` only). ``marks``: on every row;
+    ``name``: a row's test id (``name(*row)``), pytest's own when None."""
     missing = [row for row in covering if row not in full]
     if missing:
         raise ValueError(f"grid_params: covering rows {missing} are not rows of full")
     return [
-        pytest.param(*row, marks=[*marks, *([pytest.mark.grid] if row not in covering else [])])
+        pytest.param(
+            *row,
+            marks=[*marks, *([pytest.mark.grid] if row not in covering else [])],
+            id=None if name is None else name(*row),
+        )
         for row in full
     ]

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from pairwise_cover import assert_covers_every_pair, grid_params
 from tolerances import assert_close
 
 from jaxckpt.attention import (
@@ -173,20 +174,18 @@ other three run with ``--grid``; causal and packed together also run in
 ``test_causal_window_packed_zigzag`` and ``test_bfloat16_within_the_kernel_tolerances``."""
 
 
+SEQ8_GRID = list(itertools.product(STRATEGY_NAMES, (False, True), (False, True)))
+
+
 @pytest.mark.parametrize(
     ("strategy", "causal", "packed"),
-    [
-        pytest.param(
-            strategy,
-            causal,
-            packed,
-            id=f"{strategy}-{'causal' if causal else 'full'}-{'packed' if packed else 'rows'}",
-            marks=[] if (strategy, causal, packed) in SEQ8_COVERING else [pytest.mark.grid],
-        )
-        for strategy in STRATEGY_NAMES
-        for causal in (False, True)
-        for packed in (False, True)
-    ],
+    grid_params(
+        SEQ8_GRID,
+        SEQ8_COVERING,
+        name=lambda strategy, causal, packed: (
+            f"{strategy}-{'causal' if causal else 'full'}-{'packed' if packed else 'rows'}"
+        ),
+    ),
 )
 def test_equals_reference_on_seq8(strategy, causal, packed):
     """Ring and all-gather, causal (zigzag order) and not (contiguous chunks), packed rows
@@ -195,10 +194,7 @@ def test_equals_reference_on_seq8(strategy, causal, packed):
 
 
 def test_the_seq8_cases_meet_every_pair_of_values():
-    values = (STRATEGY_NAMES, (False, True), (False, True))
-    for (i, a), (j, b) in itertools.combinations(enumerate(values), 2):
-        met = {(case[i], case[j]) for case in SEQ8_COVERING[:4]}
-        assert met == set(itertools.product(a, b)), (i, j)
+    assert_covers_every_pair(SEQ8_COVERING[:4], SEQ8_GRID)
     assert {(s, True, False) for s in STRATEGY_NAMES} <= set(SEQ8_COVERING)  # _compiled_vjp's programs
 
 

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from pairwise_cover import assert_covers_every_pair, grid_params
 
 from jaxckpt import nn, train
 from jaxckpt import remat as remat_presets
@@ -96,22 +97,20 @@ def _size(mesh: str) -> int:
 MESHES, STRATEGIES, BATCHES = ("fsdp=2,seq=4", "seq=8"), ("all_gather", "ring"), (False, True)
 
 
-def _grid_params() -> list:
-    """mesh x strategy x (windows, packed): ``make test`` runs the covering design of the
-    cases whose three indices sum to an even number (4 of 8: every value of each factor and
-    every pair of values of two factors meet in one of them); the other 4 are marked ``grid``
-    (``pytest --grid``)."""
-    params = []
-    for (i, mesh), (j, strategy), (k, packed) in itertools.product(
-        enumerate(MESHES), enumerate(STRATEGIES), enumerate(BATCHES)
-    ):
-        beyond = (i + j + k) % 2 == 1
-        case_id = f"{mesh}-{strategy}-{'packed' if packed else 'windows'}"
-        params.append(pytest.param(mesh, strategy, packed, id=case_id, marks=[pytest.mark.grid] * beyond))
-    return params
-
-
-GRID = _grid_params()
+FULL_GRID = list(itertools.product(MESHES, STRATEGIES, BATCHES))
+COVERING = [
+    (MESHES[i], STRATEGIES[j], BATCHES[k])
+    for i, j, k in itertools.product(range(2), repeat=3)
+    if (i + j + k) % 2 == 0
+]
+"""mesh x strategy x (windows, packed): ``make test`` runs the 4 cases whose three indices add
+up to an even number (every pair of values of two factors meets in one of them); the other 4
+are marked ``grid`` (``pytest --grid``)."""
+GRID = grid_params(
+    FULL_GRID,
+    COVERING,
+    name=lambda mesh, strategy, packed: f"{mesh}-{strategy}-{'packed' if packed else 'windows'}",
+)
 
 
 @pytest.mark.slow
@@ -125,14 +124,10 @@ def test_losses_equal_one_device(mesh, strategy, packed):
 
 
 def test_the_covering_design_meets_every_pair_of_values():
-    """``make test``'s cases of ``test_losses_equal_one_device`` (those not marked ``grid``)
-    hold every pair of values of any two of its factors (so every value too), and the full
-    grid is the whole cross product."""
-    cases = [p.values for p in GRID if not any(m.name == "grid" for m in p.marks)]
-    assert len(cases) == 4 and len(GRID) == len(MESHES) * len(STRATEGIES) * len(BATCHES)
-    factors = (MESHES, STRATEGIES, BATCHES)
-    for a, b in itertools.combinations(range(3), 2):
-        assert {(c[a], c[b]) for c in cases} == set(itertools.product(factors[a], factors[b])), (a, b)
+    """``make test``'s cases of ``test_losses_equal_one_device`` hold every pair of values of
+    any two of its factors (so every value too)."""
+    assert len(COVERING) == 4
+    assert_covers_every_pair(COVERING, FULL_GRID)
 
 
 PRESETS = [p for p in ("save_attn", "none", "offload_full") if p in remat_presets.PRESETS]
