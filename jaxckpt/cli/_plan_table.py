@@ -48,7 +48,8 @@ def table(result: dict) -> Table:
     notes = [
         *result.get("notes", []),
         f"budget {budget}; smallest peak {plan.format_bytes(result['minimum_bytes'])} ({source})",
-        "sizes and fits are predicted from shapes; recompute: extra FLOPs as a share of a step's",
+        "sizes and fits are predicted from shapes, but the chosen row's fit, which XLA measured; "
+        "recompute: extra FLOPs as a share of a step's",
         *(
             [f"measured: the FSDP step compiled over {c['devices']} {devices_kind}, one device's peak"]
             if c["devices"] > 1
@@ -89,11 +90,12 @@ def table(result: dict) -> Table:
     t.add_column("measured", justify="right")
     for r in result["rows"]:
         is_chosen = chosen is not None and r["remat"] == chosen["remat"]
+        fits = chosen["measured_bytes"] <= result["usable_bytes"] if is_chosen else r["fits"]  # XLA's
         t.add_row(
             ("* " if is_chosen else "  ") + r["remat"],
             *(plan.format_bytes(r[key]) for _, key in _SIZE_COLUMNS),
             *([plan.format_bytes(r["host_bytes"])] if hosted else []),
-            "yes" if r["fits"] else "no",
+            "yes" if fits else "no",
             _percent(r["recompute_fraction"]),
             *([_duration(r["estimated_seconds"])] if estimated else []),
             plan.format_bytes(chosen["measured_bytes"]) if is_chosen else "",

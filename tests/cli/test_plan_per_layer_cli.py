@@ -67,6 +67,10 @@ def test_the_table_stars_the_split_and_the_chosen_line_says_what_each_group_keep
     starred = [line for line in text.splitlines() if line.strip().startswith("* ")]
     assert len(starred) == 1 and planned["chosen"]["remat"] in starred[0]
     assert starred[0].rstrip().endswith(plan.format_bytes(planned["chosen"]["measured_bytes"]))  # XLA's peak
+    # its fit is XLA's: within the budget as measured, though predicted over it (98.66 MiB)
+    chosen = planned["chosen"]
+    assert chosen["predicted_bytes"] > planned["usable_bytes"] >= chosen["measured_bytes"]
+    assert starred[0].split()[-4] == "yes", starred[0]  # fits, recompute, measured (2 words)
     line = chosen_line(planned["chosen"], planned["config"], "XLA:CPU")
     assert line.startswith(f"* chosen: {planned['chosen']['remat']} (per layer: layers 0-")
     assert "keep attn_lse, attn_out" in line and "keep only their input" in line
