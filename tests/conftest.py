@@ -25,7 +25,7 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).parent.parent / ".pytest_cache" / "jax")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-# Two XLA:CPU compile options cut the time of every compile, which is most of the suite's time:
+# Three XLA:CPU compile options cut the time of every compile, which is most of the suite's time:
 # - the backend (LLVM) optimisation level 0: about 40% less time per compile of a train step;
 # - the legacy fusion code generator (xla_cpu_use_fusion_emitters=false): about half of what is
 #   left (a one-layer train step: 3.6 s -> 1.3 s);
