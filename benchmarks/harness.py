@@ -30,6 +30,26 @@ def add_test_support() -> None:
         sys.path.insert(0, str(SUPPORT))
 
 
+def recorded_args(args) -> dict:
+    """A run's command-line arguments as a results file records them: a path inside the
+    repository relative to it, any other path by its file name only (a results file names no
+    folder of the machine it ran on).
+
+    Example:
+        >>> import argparse
+        >>> recorded_args(argparse.Namespace(out=str(RESULTS / "x.json"), reuse="/elsewhere/y.json", n=3))
+        {'out': 'benchmarks/results/x.json', 'reuse': 'y.json', 'n': 3}
+    """
+
+    def recorded(value):
+        if not isinstance(value, str) or not os.path.isabs(value):
+            return value
+        path = Path(value).resolve()
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+    return {k: recorded(v) for k, v in vars(args).items()}
+
+
 def write_json(path: "str | os.PathLike", payload, **dump_options) -> Path:
     """Writes ``payload`` as indented JSON to ``path`` through a temporary file and a
     rename, so an interrupted run never leaves half a file; creates the folder.

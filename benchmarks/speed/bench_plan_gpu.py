@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
-from harness import RESULTS, write_json
+from harness import RESULTS, recorded_args, write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -152,7 +152,7 @@ def main() -> None:
         cpu=cpu,
         median_abs_error=medians,
         cpu_left_out=left_out,
-        args=vars(args),
+        args=recorded_args(args),
         caveats={"xla-gpu": plan.AUTOTUNE_CAVEAT, "xla-cpu": plan.CPU_CAVEAT},
     )
     console.print(f"wrote {write_json(args.out, payload)}")

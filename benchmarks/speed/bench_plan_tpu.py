@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
-from harness import RESULTS, write_json
+from harness import RESULTS, recorded_args, write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -219,7 +219,7 @@ def main() -> None:
         versions=versions(),
         rows=rows,
         summary=summaries,
-        args=vars(args),
+        args=recorded_args(args),
         caveat=plan.TPU_CAVEAT,
     )
     console.print(f"wrote {write_json(args.out, payload)}")
