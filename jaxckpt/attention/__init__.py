@@ -32,6 +32,7 @@ from jaxckpt.attention._registry import (
     implementations,
     register_implementation,
 )
+from jaxckpt.attention._splash import splash_block
 from jaxckpt.attention._validate import AttentionInputs, normalize
 from jaxckpt.attention.pallas import MAX_HEAD_DIM as PALLAS_MAX_HEAD_DIM
 from jaxckpt.attention.pallas import (
@@ -73,6 +74,7 @@ __all__ = [
     "register_implementation",
     "resolve_implementation",
     "set_pallas_blocks",
+    "splash_block",
     "to_zigzag",
     "zigzag_order",
 ]

@@ -250,6 +250,18 @@ def _block(length: int, asked: int | None) -> tuple[int, int]:
     return block, whole
 
 
+def splash_block(length: int) -> int:
+    """The query (or key) block the Splash kernel runs a sequence of ``length`` in when no
+    block size is asked for: the sequence padded to 128 lanes if that is at most 512, else
+    the largest of 512, 256 and 128 that divides it.
+
+    Example:
+        >>> [splash_block(n) for n in (100, 1024, 640, 1536)]
+        [128, 512, 128, 512]
+    """
+    return _block(length, None)[0]
+
+
 def _window(p: AttentionInputs) -> tuple | None:
     m = p.static.mask
     if m.window is None:

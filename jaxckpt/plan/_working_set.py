@@ -5,6 +5,7 @@ analytic model (``predict``) and the solver's budget rows (``_milp``) take the l
 two branches.
 """
 
+from jaxckpt.attention import splash_block
 from jaxckpt.plan._compilers import GEMM_WORKSPACE, compiled_by, on_tpu
 from jaxckpt.plan._layer_costs import attention_implementation, lane_padded
 from jaxckpt.plan._layer_graph import layer_graph
@@ -153,11 +154,6 @@ def compiler_extras(workload: Workload, *, target: "str | Target | None" = None)
     return GEMM_WORKSPACE + transposed_bytes(workload, target=target)
 
 
-SPLASH_BLOCK = 512
-"""The Splash kernel's query block when none is asked for (``attention._splash``: the sequence
-rounded up to 128 lanes, at most 512)."""
-
-
 def kernel_hbm_scratch(workload: Workload, *, target: "str | Target | None" = None) -> int:
     """Bytes of the attention kernel's scratch that XLA:TPU holds in HBM, whatever fits VMEM.
 
@@ -181,5 +177,5 @@ def kernel_hbm_scratch(workload: Workload, *, target: "str | Target | None" = No
     config = workload.config
     if not on_tpu(target) or attention_implementation(config, target, workload.attention) != "splash":
         return 0
-    block_q = min(SPLASH_BLOCK, -(-workload.seq // 128) * 128)
+    block_q = splash_block(workload.seq)  # the kernel's own choice, as it runs the step
     return workload.local_batch * block_q * (2 * 128 + lane_padded(config.head_dim)) * 4

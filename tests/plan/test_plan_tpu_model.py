@@ -114,7 +114,10 @@ def test_tpu_chunked_head_and_temporaries():
     # the temporaries
     small = plan.Workload(ODD, 5, 592)
     p = plan.predict(small, "full", target=TARGET)
-    kernel = 5 * 512 * (2 * 128 + 128) * 4  # f32[B, block_q, 128] twice, f32[B, block_q, 48 -> 128]
+    # f32[B, block_q, 128] twice, f32[B, block_q, 48 -> 128]; T=592 pads to 640 lanes, which the
+    # kernel runs in blocks of 128 (neither 512 nor 256 divides it): XLA:TPU's program holds
+    # f32[5,128,128] and f32[5,128,48]
+    kernel = 5 * 128 * (2 * 128 + 128) * 4
     assert kernel_hbm_scratch(small, target=TARGET) == kernel
     assert p.activations + p.grads == hbm_temp(p.grads, TARGET, remat=False) + hbm_temp(kernel, TARGET)
     # a quantized base on XLA:TPU: a layer's dequantized weights, twice, in its working set
