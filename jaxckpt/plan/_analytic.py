@@ -326,15 +326,14 @@ def stored_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) 
     n_layers = config.n_layers
     if not spec.enabled:
         return n_layers * (graph.residual_bytes() + weight_casts(graph, config))
-    k, count = segments(config, spec)
+    k = segments(config, spec)[0]
     x = graph.values["x"].nbytes
     stored_x = graph.stored_value_bytes("x", boundary_format(spec), spec.compress_group)
     # offloaded tags live on the host
     kept = graph.stored_bytes(saved_tags(spec) - spec.offload, spec.compress, spec.compress_group) - stored_x
     # a segment of k layers keeps its input (unless it is offloaded); its backward pass holds
     # its k layer inputs
-    boundaries = count - offloaded_boundaries(config, spec)
-    return n_layers * kept + stored_x * boundaries + x * (k if k > 1 else 0)
+    return n_layers * kept + boundary_bytes(graph, spec, config) + x * (k if k > 1 else 0)
 
 
 def boundary_bytes(graph: LayerGraph, spec: RematSpec, config: TransformerConfig) -> int:
