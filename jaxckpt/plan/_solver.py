@@ -118,10 +118,7 @@ class MemoryPlan:
         """The chosen spec and its figures, JSON-ready; ``compressed`` lists each compressed
         tag with its format and its stored bytes (every layer's, one micro-batch's) beside
         what it would take uncompressed."""
-        if isinstance(self.spec, Layered):
-            spec = {"groups": [{"layers": count, **spec_dict(group)} for count, group in self.spec.groups]}
-        else:
-            spec = spec_dict(self.spec)
+        spec = spec_dict(self.spec)
         out = {
             "remat": self.remat,
             "spec": spec,

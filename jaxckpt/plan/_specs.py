@@ -3,11 +3,12 @@
 import dataclasses
 
 from jaxckpt._tags import PROJECTIONS
-from jaxckpt.remat import DEFAULT_GROUP, PRESETS, RematSpec, compressed
+from jaxckpt.remat import DEFAULT_GROUP, PRESETS, Layered, RematSpec, compressed
 
 
-def spec_dict(spec: RematSpec) -> dict:
-    """A ``RematSpec`` as JSON-ready lists (``RematSpec(**spec_dict(spec)) == spec``).
+def spec_dict(spec: "RematSpec | Layered") -> dict:
+    """A ``RematSpec`` as JSON-ready lists (``RematSpec(**spec_dict(spec)) == spec``); a
+    ``remat.Layered`` one as its ``groups``, each its spec's dict with its ``layers``.
 
     Example:
         >>> from jaxckpt import plan, remat
@@ -15,7 +16,11 @@ def spec_dict(spec: RematSpec) -> dict:
         ['attn_lse', 'attn_out']
         >>> plan.spec_dict(remat.compressed("full", "int8"))["compress"]  # only when it compresses
         {'layer_input': 'int8'}
+        >>> [g["layers"] for g in plan.spec_dict(remat.Layered(((2, "save_attn"), (3, "full"))))["groups"]]
+        [2, 3]
     """
+    if isinstance(spec, Layered):
+        return {"groups": [{"layers": count, **spec_dict(group)} for count, group in spec.groups]}
     out = {
         "save": sorted(spec.save),
         "offload": sorted(spec.offload),

@@ -277,11 +277,13 @@ def _name(spec: "RematSpec | Layered") -> str:
 
 
 def _spec_json(spec: "RematSpec | Layered") -> dict:
-    """``spec_dict`` with the tags as strings; a ``Layered`` spec as its ``groups``, each with
-    its ``layers``."""
-    if isinstance(spec, Layered):
-        return {"groups": [{"layers": count, **_spec_json(group)} for count, group in spec.groups]}
-    return {k: list(map(str, v)) if isinstance(v, list) else v for k, v in spec_dict(spec).items()}
+    """``spec_dict`` with the tags as strings (a ``Layered`` spec's in each of its ``groups``)."""
+
+    def strings(fields: dict) -> dict:
+        return {k: list(map(str, v)) if isinstance(v, list) else v for k, v in fields.items()}
+
+    fields = spec_dict(spec)
+    return {"groups": [strings(g) for g in fields["groups"]]} if "groups" in fields else strings(fields)
 
 
 def _row(name: str, c: Choice, limit: int, step: int, device: DevicePreset | None) -> PresetRow:
