@@ -151,21 +151,40 @@ def sharded_bytes(state, devices: int, *, padded: bool = False) -> int:
     return total
 
 
+@functools.lru_cache(maxsize=32)
+def _abstract_model(config: TransformerConfig) -> Transformer:
+    """The abstract model of ``config``, traced once for every byte count of it (the planner's
+    predictions count one model's bytes many ways: whole, per layer, per device, padded). It is
+    shared: read it, never change it."""
+    return nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+
+
+@functools.lru_cache(maxsize=32)
+def _abstract_optimizer(config: TransformerConfig, optimizer: OptimizerConfig) -> nnx.Optimizer:
+    """The abstract optimizer ``build_optimizer`` makes over ``_abstract_model(config)``,
+    without tracing the model again (the same state as ``abstract_train_state``'s)."""
+    return nnx.eval_shape(lambda model: build_optimizer(model, optimizer), _abstract_model(config))
+
+
 @functools.lru_cache(maxsize=64)
-def _state_bytes(
-    config: TransformerConfig, optimizer: OptimizerConfig, devices: int, padded: bool = False
-) -> tuple[int, int, int, bool]:
-    """``(model, trainable, optimizer state)`` bytes on one device (``padded``: as XLA:TPU
-    allocates them), and whether the step scales its loss."""
-    model, opt = abstract_train_state(config, optimizer)
-    train = nnx.state(model, trainable(config))
-    scaler = getattr(opt, "loss_scaler", None)
+def _model_bytes(config: TransformerConfig, devices: int, padded: bool = False) -> tuple[int, int]:
+    """``(model, trainable)`` bytes on one of ``devices`` (``padded``: as XLA:TPU allocates them)."""
+    model = _abstract_model(config)
     return (
         sharded_bytes(nnx.state(model), devices, padded=padded),
-        sharded_bytes(train, devices, padded=padded),
-        sharded_bytes(nnx.state(opt), devices, padded=padded),
-        scaler is not None and scaler.mode != "none",
+        sharded_bytes(nnx.state(model, trainable(config)), devices, padded=padded),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _optimizer_bytes(
+    config: TransformerConfig, optimizer: OptimizerConfig, devices: int, padded: bool = False
+) -> tuple[int, bool]:
+    """The optimizer state's bytes on one of ``devices`` (``padded``: as XLA:TPU allocates
+    them), and whether the step scales its loss."""
+    opt = _abstract_optimizer(config, optimizer)
+    scaler = getattr(opt, "loss_scaler", None)
+    return sharded_bytes(nnx.state(opt), devices, padded=padded), scaler is not None and scaler.mode != "none"
 
 
 def _key(workload: Workload) -> tuple:
@@ -192,8 +211,9 @@ def state_bytes(workload: Workload, *, target: "str | Target | None" = None) -> 
         >>> plan.state_bytes(lora)[1] < adamw / 10  # the adapters' moments alone
         True
     """
-    model, _, opt, _ = _state_bytes(*_key(workload), on_tpu(target))
-    return model, opt
+    config, optimizer, devices = _key(workload)
+    padded = on_tpu(target)
+    return _model_bytes(config, devices, padded)[0], _optimizer_bytes(config, optimizer, devices, padded)[0]
 
 
 def loss_scale_bytes(workload: Workload) -> int:
@@ -209,8 +229,9 @@ def loss_scale_bytes(workload: Workload) -> int:
         >>> loss_scale_bytes(plan.Workload(cfg.replace(dtype="bfloat16"), 2, 64))
         0
     """
-    _, train, _, scaled = _state_bytes(*_key(workload))
-    return train if scaled else 0
+    config, optimizer, devices = _key(workload)
+    scaled = _optimizer_bytes(config, optimizer, devices)[1]
+    return _model_bytes(config, devices)[1] if scaled else 0
 
 
 def trainable_bytes(workload: Workload, *, target: "str | Target | None" = None) -> int:
@@ -223,12 +244,12 @@ def trainable_bytes(workload: Workload, *, target: "str | Target | None" = None)
         >>> trainable_bytes(w) < plan.state_bytes(w)[0] / 10
         True
     """
-    return _state_bytes(*_key(workload), on_tpu(target))[1]
+    return _model_bytes(workload.config, workload.devices, on_tpu(target))[1]
 
 
 @functools.lru_cache(maxsize=64)
 def _largest_trainable_leaf(config: TransformerConfig) -> int:
-    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    model = _abstract_model(config)
     return max(tree_bytes(leaf) for leaf in jax.tree.leaves(nnx.state(model, trainable(config))))
 
 
@@ -263,14 +284,14 @@ def update_workspace(workload: Workload) -> int:
 def layer_param_bytes(config: TransformerConfig) -> int:
     """Bytes of one layer's variables (the embeddings and head left out): under LoRA its
     frozen base and its adapters."""
-    params, _, _, _ = _state_bytes(config, OptimizerConfig(name="sgd"), 1)
+    params, _ = _model_bytes(config, 1)
     return (params - _embedding_bytes(config)) // config.n_layers
 
 
 def layer_trainable_bytes(config: TransformerConfig) -> int:
     """Bytes of one layer's trainable variables: its weight-gradient slice (under LoRA, the
     adapters'; the embeddings and head are frozen then)."""
-    _, train, _, _ = _state_bytes(config, OptimizerConfig(name="sgd"), 1)
+    _, train = _model_bytes(config, 1)
     if config.lora is not None:
         return train // config.n_layers
     return (train - _embedding_bytes(config)) // config.n_layers
@@ -289,8 +310,7 @@ WIDENED = jnp.dtype(jnp.bfloat16)
 def _stack_shards(config: TransformerConfig, devices: int) -> tuple:
     """``(dtype, shard shape, partition spec)`` of each layer-stack leaf on one of ``devices``
     FSDP devices (``state_shardings``)."""
-    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    stacks = nnx.state(model)["blocks"]
+    stacks = nnx.state(_abstract_model(config))["blocks"]
     shardings = state_shardings(stacks, AbstractMesh((1, devices), ("data", "fsdp")))
     return tuple(
         (jnp.dtype(leaf.dtype), sharding.shard_shape(leaf.shape), sharding.spec)
