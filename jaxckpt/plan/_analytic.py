@@ -110,25 +110,36 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
     (15.13 MB measured, 15.87 predicted);
   - kept attention outputs stay in HBM (``tiny`` under ``save_attn``: 47.9 MiB of temp
     for the model's 40.5 MiB stored);
-  - a larger working set is counted whole. The scratch holds as much of it as it can: in
-    ``small`` at v5e's HBM peak all 112 MiB are the working set's (fp32 RoPE halves
-    ``f32[8,1024,8,32]{3,1,2,0:T(8,128)}``, 32 MiB each for 8 MiB of values, and bf16
-    ``[8,1024,512]`` activations), and the HBM's live peak falls as the chip's scratch
-    grows: 320.2 MiB on v5p, 281.1 on v6e, 257.1 on v5e (367.0, 375.7 and 369.1 with the
-    scratch added back). Taking the scratch off the working set was tried on the 31 rows of
-    ``bench_plan_tpu.py`` and not kept: worst 16.2%, median 5.1% (``small`` -14% to -16% on
-    v6e). The model's working set for ``small`` (217.8 MiB) lacks about 40 MiB the dump
-    holds (the lane-padded fp32 RoPE halves; counting them puts the 1B rows 10% over). The
-    HBM allocation is also not the buffer assignment's: ``temp_size_in_bytes`` is 408.2 MB
-    on v5e for a ``preallocated-temp`` of 286.4 MB, and 1.38 to 1.70 times the live peak
-    over the chips (``TPU_FRAGMENTATION``). So ``small`` under ``full`` stays +22.4% on v5e.
+  - a larger working set fills the scratch, and the HBM holds the rest: ``predict`` takes
+    the scratch off it. At ``small``'s live peak (B=8, T=1024, ``full``) all of v5e's 112
+    MiB are the working set's (fp32 RoPE buffers ``f32[8,1024,8,32]{3,1,2,0:T(8,128)S(1)}``
+    and bf16 ``[8,1024,512]`` activations), and the HBM's live peak falls as the chip's
+    scratch grows: 320.2 MiB on v5p, 281.1 on v6e, 257.1 on v5e (367.0, 375.7 and 369.1
+    with the scratch added back). The model's live bytes are 368.8 MiB (the stored layer
+    inputs 64, the working set 256, the RoPE backward's: ``rope_backward_bytes``, the
+    gradients 48.8), so 256.8, 272.8 and 320.8 in HBM. The fragmentation
+    (``TPU_FRAGMENTATION``) is the allocation's over the HBM's live bytes, so it applies
+    after the scratch is taken off. Tried before and not kept, each alone: the scratch taken
+    off a working set that lacked the RoPE phase (worst 16.2%, ``small`` -14% to -16% on
+    v6e), and the RoPE buffers added to the sum without the scratch (1B rows 10% over).
     Nor does the assignment always fill the scratch: the odd step at B=8, T=1024 on v5p
     (working set 65 MiB, scratch 48) measures 81.85 MiB, its HBM's live peak 50.4 MiB, so
-    about 20 MiB of the working set are in VMEM. Counted whole it is predicted at 113.79
-    MiB (+39%); with the scratch taken off, about 40 (-51%).
+    about 20 MiB of the working set are in VMEM, not 48: ``predict`` gives 39.87 MiB (-51%;
+    counted whole it was 113.79, +39%). How much of a scratch a working set a little larger
+    than it fills depends on how its buffers pack, which is not modelled.
   - Where even the stored residuals of a step without remat fit the scratch (the odd step
     at B=4, T=512: 42 MiB), they are in VMEM too; ``predict`` does not model that (11 MiB
     measured, 45 predicted).
+* the RoPE backward (``rope_backward_bytes``), a phase of a layer's backward of its own:
+  ``nn.apply_rope`` rotates in float32, and its backward holds the fp32 cotangent of the
+  rotated q and k and their two halves, each padded to 128 lanes (``f32[8,1024,8,32]
+  {3,1,2,0:T(8,128)}``, 32 MiB for 8 MiB of values), beside the kernel's q and k and four
+  ``[B, T, D]`` activations: 256 MiB in ``small`` (B=8, T=1024) at the step's live peak
+  (369.1 MiB with the stacked layer inputs and the gradients), where the model's sum over
+  the rest of the layer's backward is 217.8 (the dump's peak outside the RoPE buffers'
+  lifetimes: 301.6 MiB in all, ``fusion.378``, the MLP's backward). The layer's working
+  set is the larger of the two (``layer_working_set``); in the 1B and 8B steps the rest is
+  larger.
 * a quantized base (QLoRA): the layer's weights dequantized to the compute dtype, twice,
   in its working set (``layer_working_set``): the QLoRA ``llama3.1-8b`` step (B=1,
   T=8192, ``full``) had a live peak (``compiler_peak - argument``, 4,454 MiB) 1,094 MiB
@@ -273,6 +284,8 @@ def predict(
             stored -= stack
             kernel_scratch = kernel_hbm_scratch(workload, target=target)
         working = 0
+    else:  # a larger working set fills the scratch, and the HBM holds the rest (see the module)
+        working -= scratch
     widened = widened_bytes(workload, target=target)
     if not spec.enabled:  # the stored casts are those copies
         widened = max(0, widened - config.n_layers * weight_casts(graph, config))

@@ -6,6 +6,7 @@ two branches.
 """
 
 from jaxckpt.attention import splash_block
+from jaxckpt.nn import Positions
 from jaxckpt.plan._compilers import GEMM_WORKSPACE, compiled_by, on_tpu
 from jaxckpt.plan._layer_costs import attention_implementation, lane_padded
 from jaxckpt.plan._layer_graph import layer_graph
@@ -39,7 +40,54 @@ def layer_working_set(workload: Workload, *, target: "str | Target | None" = Non
     # (the QLoRA ``llama3.1-8b`` step's live peak is 2.5 layers' dequantized weights over
     # the model without them; see the module)
     dequantized = 2 * graph.weights if on_tpu(target) and config.quantize_base is not None else 0
-    return graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile + dequantized
+    working = graph.working_residual_bytes() + weight_grads + cotangents + graph.attention_tile + dequantized
+    # XLA:TPU: the RoPE backward is a phase of its own, whose fp32 buffers may hold more
+    return max(working, rope_backward_bytes(workload, target=target))
+
+
+def rope_backward_bytes(workload: Workload, *, target: "str | Target | None" = None) -> int:
+    """Bytes XLA:TPU holds while one layer runs its RoPE backward pass (0 without RoPE, or
+    for another compiler): a phase of the layer's backward whose working set can exceed the
+    rest of it (``layer_working_set`` takes the larger).
+
+    ``nn.apply_rope`` rotates in float32, so its backward holds, for the queries and the keys,
+    the float32 cotangent of the rotated dims and its two halves, ``[B, T, heads, rotary]``
+    and ``[B, T, heads, rotary / 2]``, each with that minor dimension padded to 128 lanes
+    (``lane_padded``; 4x the values' bytes for a half of 32). Beside them: the queries and
+    keys as the attention kernel reads them (head_dim lane-padded: the graph's ``qr``, ``kr``),
+    and four ``[B, T, D]`` activations in the compute dtype: the layer's input and the next
+    one's, copied out of the stack ahead of use, the residual stream's cotangent, and the
+    attention output's cotangent (``[B, T, heads x head_dim]``).
+
+    Read off the buffer assignment of the bf16 ``small`` step (B=8, T=1024, 8 heads of 64,
+    ``full``, v5e, libtpu 0.0.42.1) at its live peak, in HBM and VMEM (``fusion.382``, the
+    split of a cotangent into its halves): ``f32[8,1024,8,64]{3,1,2,0:T(8,128)}`` once,
+    ``f32[8,1024,8,32]{3,1,2,0:T(8,128)}`` four times and one of them copied in four batch
+    slices ``f32[2,1024,8,32]``, 192 MiB for 48 MiB of values (three buffers of 32 MiB per
+    rotated tensor); ``bf16[8,8,1024,64]`` twice (16 MiB each); ``bf16[8,1024,512]`` twice and
+    ``bf16[1,8,1024,512]`` twice: 256 MiB of the peak's 369.1 (the rest: the stacked layer
+    inputs and the gradients). Outside the RoPE buffers' lifetimes the step peaks at 301.6
+    MiB (``fusion.378``, the MLP's backward), and the model's sum over the rest of the
+    layer's backward is 217.8 MiB.
+
+    Example:
+        >>> from jaxckpt import nn, plan
+        >>> cfg = nn.TransformerConfig.preset("small", dtype="bfloat16", param_dtype="bfloat16")
+        >>> w = plan.Workload(cfg, 8, 1024)
+        >>> rope_backward_bytes(w, target="tpu-v5e") // 2**20, rope_backward_bytes(w, target="h100-80g")
+        (256, 0)
+    """
+    config = workload.config
+    roped = config.positions == Positions.ROPE and any(kind.rope for kind in config.layer_kinds)
+    if not on_tpu(target) or not roped:
+        return 0
+    graph = layer_graph(workload, target=target)
+    n, e, rotary = workload.local_tokens, config.compute_dtype.itemsize, config.rotary_dim
+    heads = config.n_heads + config.n_kv_heads
+    fp32 = n * heads * (lane_padded(rotary) + 2 * lane_padded(rotary // 2)) * 4
+    operands = graph.values["qr"].nbytes + graph.values["kr"].nbytes
+    activations = n * (3 * config.d_model + config.n_heads * config.head_dim) * e
+    return fp32 + operands + activations
 
 
 def head_chunks(workload: Workload) -> int:
