@@ -146,10 +146,22 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
   over the model without them, 2.5 layers' dequantized weights (436 MiB each). Inferred
   from the figures, not read off a dump.
 * fragmentation: the temporaries' allocation is ``TPU_FRAGMENTATION`` times the bytes
-  live at its peak (``hbm_temp``): 1.09 without remat, 1.54 with it, the medians of the
-  rows named there. The buffer assignment XLA:TPU dumps does not account for it (its
-  temp allocation is below ``temp_size_in_bytes``: 4,397,957,632 bytes for 6,290,617,344
-  in ``llama3.2-1b``'s ``full`` step): a measured factor, not a mechanism.
+  live in HBM at its peak (``hbm_temp``; the VMEM scratch taken off, as the factor was
+  measured over ``compiler_peak - argument``, the HBM's live peak): 1.09 without remat,
+  1.54 with it, the medians of the rows named there. The buffer assignment XLA:TPU dumps
+  does not account for it (its temp allocation is below ``temp_size_in_bytes``:
+  4,397,957,632 bytes for 6,290,617,344 in ``llama3.2-1b``'s ``full`` step): a measured
+  factor, not a mechanism. It differs by chip for the same program (``small`` under
+  ``full``: 1.51 on v5e, 1.57 on v6e, 1.38 on v5p), so even the compiler's own live bytes
+  would put ``small`` ``full`` on v5p at +8.9%.
+* not modelled, read off the dump of ``gpt2`` under ``save_attn`` (v5e; -10.3%, the grid's
+  worst): at its live peak (1,102 MiB, 1,016.6 in HBM) the tied head's weight-gradient sum
+  in fp32 (``f32[50257,768]``, 147.3 MiB, live from the chunked loss to the embedding's
+  gradient, where the model counts a bf16 gradient of 73.6), transposed copies of the q, k
+  and v weight stacks (``bf16[12,768,768]{1,2,0}`` three times, 40.5 MiB, live over the
+  whole step; ``small``'s dump has none), the chunks' hidden-state gradients
+  (``bf16[31,8,32,768]``, 11.6 MiB) kept through the layers' backward, and VMEM holding
+  85.4 MiB of the working set, not the scratch's 112: about 150 MiB of live bytes.
 * no cuBLAS workspace, and over FSDP no transposed shard copies (``compiler_extras`` is
   0): XLA:TPU gives a stack split along a minor axis a layout with that axis major in the
   step's own arguments (``small`` over 8 chips: ``parameter 6, shape |bf16[8,512,172]|``,
