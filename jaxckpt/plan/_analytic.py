@@ -161,7 +161,13 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
   and v weight stacks (``bf16[12,768,768]{1,2,0}`` three times, 40.5 MiB, live over the
   whole step; ``small``'s dump has none), the chunks' hidden-state gradients
   (``bf16[31,8,32,768]``, 11.6 MiB) kept through the layers' backward, and VMEM holding
-  85.4 MiB of the working set, not the scratch's 112: about 150 MiB of live bytes.
+  85.4 MiB of the working set, not the scratch's 112: about 150 MiB of live bytes. And in
+  ``llama3.2-1b`` under ``full`` (v5e) the live peak (3,903.2 MiB) is not a layer's: it is
+  the head's end, the fp32 sum ``f32[128256,2048]`` (1,002 MiB, live only from the head's
+  loop to its conversion, unlike ``gpt2``'s) beside every gradient (the layers' stacks
+  already allocated) and the stacked layer inputs, with nothing in VMEM. The model's
+  figure there (3,834 MiB live: the layer's sum, 1,077, less the scratch) is right by
+  compensation, not by that phase.
 * no cuBLAS workspace, and over FSDP no transposed shard copies (``compiler_extras`` is
   0): XLA:TPU gives a stack split along a minor axis a layout with that axis major in the
   step's own arguments (``small`` over 8 chips: ``parameter 6, shape |bf16[8,512,172]|``,
