@@ -11,11 +11,8 @@ from a saved one, so remat changes the last bits of the gradients there. With XL
 defaults, the ones users run, remat changes no bit, and that is the claim the test checks.
 """
 
-import gc
 import json
 import sys
-
-gc.set_threshold(50_000, 50, 1_000)  # as in the test workers (GC_THRESHOLDS in tests/conftest.py)
 
 
 def main(spec: dict) -> dict:

@@ -129,11 +129,10 @@ def kernel():
     km.shutdown_kernel(now=True)
 
 
-RESET = '%reset -f\n__import__("gc").freeze()\n__import__("gc").set_threshold(50_000, 50, 1_000)'
+RESET = '%reset -f\n__import__("gc").freeze()'
 """Empties the namespace (``%reset`` collects the garbage), then moves what survives (the modules
 and their objects) out of the collector's reach: each later collection, and the next reset's,
-walks only what the notebook made, not the whole kernel's heap (JAX, Flax, torch, transformers).
-The collector runs as rarely as in the test workers (``GC_THRESHOLDS`` in tests/conftest.py)."""
+walks only what the notebook made, not the whole kernel's heap (JAX, Flax, torch, transformers)."""
 
 
 def with_reset(nb):
