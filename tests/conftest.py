@@ -60,11 +60,11 @@ from jaxckpt.plan import gpu_aot_unavailable, tpu_aot_unavailable
 
 # Python's cyclic garbage collector: what collection leaves (every test module and what it
 # imported) is frozen (`gc.freeze` in `pytest_collection_finish`), so that no full pass walks it
-# again. The collector's thresholds stay Python's: collecting every 50,000 allocations cut a
-# quarter of the suite by 16% of its CPU time when run alone (tests/remat and two training files,
-# 257 -> 217 CPU-s), but the whole `make test` on a fresh clone took 1411 s instead of 1219: the
-# workers held their garbage longer, and an orbax write interrupted by a test's injected disk
-# fault printed its never-awaited coroutines' warnings into a later captured message.
+# again. The collector's thresholds stay Python's. Collecting every 50,000 allocations instead cut
+# a quarter of the suite, run alone, by 16% of its CPU time (tests/remat and two training files,
+# 257 -> 217 CPU-s), but the whole `make test` on a fresh clone took 1411 s instead of 1219 (one
+# run each; the cause was not found), and in it a disk-fault test caught orbax's never-awaited
+# coroutine warnings in a message it checks.
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update(
