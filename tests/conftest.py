@@ -58,14 +58,6 @@ from hypothesis import HealthCheck, Phase, settings
 # driver (no CUDA plugin start-up traceback in every test process and the subprocesses).
 from jaxckpt.plan import gpu_aot_unavailable, tpu_aot_unavailable
 
-# Python's cyclic garbage collector: what collection leaves (every test module and what it
-# imported) is frozen (`gc.freeze` in `pytest_collection_finish`), so that no full pass walks it
-# again. The collector's thresholds stay Python's. Collecting every 50,000 allocations instead cut
-# a quarter of the suite, run alone, by 16% of its CPU time (tests/remat and two training files,
-# 257 -> 217 CPU-s), but the whole `make test` on a fresh clone took 1411 s instead of 1219 (one
-# run each; the cause was not found), and in it a disk-fault test caught orbax's never-awaited
-# coroutine warnings in a message it checks.
-
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update(
     "jax_persistent_cache_min_compile_time_secs",
@@ -147,13 +139,6 @@ def pytest_addoption(parser):
 
 def _full_grid(config) -> bool:
     return config.getoption("--grid", default=False) or os.environ.get("JAXCKPT_FULL_GRID") == "1"
-
-
-def pytest_collection_finish(session):
-    """What collection leaves (every test module and what it imported) is moved out of the
-    collector's reach for the rest of the run."""
-    gc.collect()
-    gc.freeze()
 
 
 def pytest_configure(config):
