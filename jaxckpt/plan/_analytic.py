@@ -154,20 +154,20 @@ buffer assignment (libtpu 0.0.42.1, ``--xla_dump_to``) or its figures, for v5e:
   factor, not a mechanism. It differs by chip for the same program (``small`` under
   ``full``: 1.51 on v5e, 1.57 on v6e, 1.38 on v5p), so even the compiler's own live bytes
   would put ``small`` ``full`` on v5p at +8.9%.
-* not modelled, read off the dump of ``gpt2`` under ``save_attn`` (v5e; -10.3%, the grid's
-  worst): at its live peak (1,102 MiB, 1,016.6 in HBM) the tied head's weight-gradient sum
-  in fp32 (``f32[50257,768]``, 147.3 MiB, live from the chunked loss to the embedding's
-  gradient, where the model counts a bf16 gradient of 73.6), transposed copies of the q, k
-  and v weight stacks (``bf16[12,768,768]{1,2,0}`` three times, 40.5 MiB, live over the
-  whole step; ``small``'s dump has none), the chunks' hidden-state gradients
-  (``bf16[31,8,32,768]``, 11.6 MiB) kept through the layers' backward, and VMEM holding
-  85.4 MiB of the working set, not the scratch's 112: about 150 MiB of live bytes. And in
-  ``llama3.2-1b`` under ``full`` (v5e) the live peak (3,903.2 MiB) is not a layer's: it is
-  the head's end, the fp32 sum ``f32[128256,2048]`` (1,002 MiB, live only from the head's
-  loop to its conversion, unlike ``gpt2``'s) beside every gradient (the layers' stacks
-  already allocated) and the stacked layer inputs, with nothing in VMEM. The model's
-  figure there (3,834 MiB live: the layer's sum, 1,077, less the scratch) is right by
-  compensation, not by that phase.
+* the fp32 sums of a trained head's weight gradient, which the chunked loss keeps from its
+  forward, die when the head's backward converts them, before the layers' backward
+  (``train._loss.chunked_loss_sum`` pins that order with an optimization barrier). Left to
+  itself XLA:TPU's scheduler kept ``gpt2``'s ``f32[50257,768]`` (147.3 MiB) through every
+  layer's backward under ``save_attn`` (on v5e and on v5p, at B=8 and at B=40, and with a
+  128,256-entry vocabulary) but not under ``full``, nor ``llama3.2-1b``'s under either,
+  whatever its vocabulary: a scheduling choice no shape predicts, so the step no longer
+  leaves it to the scheduler. With the barrier ``gpt2`` ``save_attn`` measures 2,126.3 MiB
+  instead of 2,291.4 (-3.3% predicted; it was the grid's worst row, -10.3%).
+* not modelled, read off the dump of ``gpt2`` under ``save_attn`` (v5e, before the
+  barrier): transposed copies of the q, k and v weight stacks (``bf16[12,768,768]{1,2,0}``
+  three times, 40.5 MiB, live over the whole step; ``small``'s dump has none), the chunks'
+  hidden-state gradients (``bf16[31,8,32,768]``, 11.6 MiB) kept through the layers'
+  backward, and VMEM holding 85.4 MiB of the working set, not the scratch's 112.
 * no cuBLAS workspace, and over FSDP no transposed shard copies (``compiler_extras`` is
   0): XLA:TPU gives a stack split along a minor axis a layout with that axis major in the
   step's own arguments (``small`` over 8 chips: ``parameter 6, shape |bf16[8,512,172]|``,

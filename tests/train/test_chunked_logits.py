@@ -71,3 +71,26 @@ def test_no_loss_path_holds_the_whole_logits(programs, path):
     program holds more than one (the logits, and under a gradient their cotangent)."""
     chunked, whole = _temp(programs["chunked"][path]), _temp(programs["whole"][path])
     assert chunked < LOGITS_BYTES < whole, (path, chunked, LOGITS_BYTES, whole)
+
+
+def test_the_head_gradient_is_cast_before_the_layers_backward_reads_the_hidden_states():
+    # chunked_loss_sum's backward hands the hidden states' gradient on through one optimization
+    # barrier with the head's gradient in its own dtype, so the fp32 sums the forward kept die
+    # before the layers' backward. Left free, XLA:TPU's scheduler kept gpt2's f32[50257,768]
+    # through every layer's backward under save_attn (docs/guides/tpu-targets.md). XLA:CPU
+    # drops barriers once it has scheduled, so the lowered program is where it shows.
+    config = CONFIG.replace(dtype="bfloat16", param_dtype="bfloat16")
+    graphdef, params, rest = nnx.split(
+        nnx.eval_shape(lambda: nn.Transformer(config, rngs=nnx.Rngs(0))), nnx.Param, ...
+    )
+
+    def step(params, rest, tokens):
+        return train.loss_and_grads(graphdef, params, rest, tokens, remat.get("full"))
+
+    tokens = jax.ShapeDtypeStruct((1, B, T + 1), jnp.int32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_loss, "CHUNK_LOGITS_BYTES", SMALL_LIMIT)
+        text = jax.jit(step).lower(params, rest, tokens).as_text()
+    barriers = [line for line in text.splitlines() if "stablehlo.optimization_barrier" in line]
+    head, hidden = f"tensor<{config.d_model}x{V}xbf16>", f"tensor<{B}x{T}x{config.d_model}xbf16>"
+    assert any(head in line and hidden in line for line in barriers), barriers
