@@ -36,7 +36,7 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from jaxckpt.plan._analytic import predict
-from jaxckpt.plan._compilers import compiled_by, live_temp, on_tpu
+from jaxckpt.plan._compilers import compiled_by, live_temp, on_tpu, vmem_scratch
 from jaxckpt.plan._compression import (
     COMPRESS_FLOPS,
     compressible_tags,
@@ -277,7 +277,8 @@ class _Program:
         transposed shards (``predict``). On
         XLA:TPU the state is counted as it allocates it (tiles padded) and the temporaries
         (activations and gradients) as their allocation, which ``hbm_temp`` scales from the
-        live bytes the rows bound: the room is turned back into live bytes (``live_temp``)."""
+        live bytes the rows bound: the room is turned back into live bytes (``live_temp``), and
+        the chip's VMEM scratch is taken off each working set (``vmem_scratch``)."""
         base = predict(workload, RematSpec(), target=target)
         fixed = base.params + base.optimizer + base.inputs
         temps = budget - fixed  # XLA:TPU: an allocation, of which the live bytes are less
@@ -303,6 +304,12 @@ class _Program:
         room -= compiler_extras(workload, target=target)
         layer = layer_working_set(workload, target=target)
         head = head_branch(workload, target=target)
+        # XLA:TPU: the chip's VMEM scratch holds up to its size of either working set, as in
+        # ``predict``; taken off each branch alone, since max(0, w - s) of the larger is the
+        # larger of the two (0 elsewhere). The part of the layer's set that the spec adds
+        # (dequantization) keeps its full size: a row never below ``predict``.
+        scratch = vmem_scratch(target)
+        layer, head = layer - min(layer, scratch), head - min(head, scratch)
         # n*(x + K) + working - K + z <= room (XLA:GPU, XLA:TPU: + K), and n*(x + K) + head <= room
         self.constraint(layer_kept, -np.inf, room - n * x - layer)
         self.constraint(kept, -np.inf, room - n * x - head)
