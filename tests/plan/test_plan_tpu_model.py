@@ -153,7 +153,7 @@ def test_tpu_solver_equals_brute_force_over_the_predictions(fraction):
     # small at B=8, T=1024: a layer's working set (256 MiB) larger than v5e's VMEM scratch
     # (112 MiB), which ``predict`` takes off it; the solver's budget rows take it off too, so
     # between full and saving the six tags they choose what the predictions do. Counting it
-    # whole, they found nothing at 0 and 0.1 and more recompute at 0.3 to 0.8. 64 bytes of
+    # whole, they found nothing at 0 and 0.1 and more recompute at 0.3 to 1.0. 64 bytes of
     # slack: the rows turn the budget back into live bytes through the fragmentation factor.
     w = plan.Workload(nn.TransformerConfig.preset("small", **BF16), 8, 1024)
     tags = (Tag.NORM_OUT, Tag.Q_PROJ, Tag.ATTN_OUT, Tag.ATTN_LSE, Tag.MLP_UP, Tag.MLP_ACT)
