@@ -35,12 +35,13 @@ Example:
 from jaxckpt._sizes import format_bytes, parse_size
 from jaxckpt.plan._analytic import Prediction, korthikanti_bytes, predict
 from jaxckpt.plan._auto import resolve_auto
+from jaxckpt.plan._buffer_categories import KINDS
 from jaxckpt.plan._by_cost import by_cost, tag_flops_per_byte
 from jaxckpt.plan._compile import compile_step
 from jaxckpt.plan._compression import COMPRESS_FLOPS, compressed_tag_bytes, compressible_tags
 from jaxckpt.plan._cost import Choice, choice, roofline_seconds, step_flops, xla_step_cost
 from jaxckpt.plan._devices import DEVICES, DevicePreset, device_preset
-from jaxckpt.plan._explain import KINDS, Buffer, Explanation, explain, explain_workload
+from jaxckpt.plan._explain import Buffer, Explanation, explain, explain_workload
 from jaxckpt.plan._explain_plot import PLOT_SUFFIXES, save_timeline
 from jaxckpt.plan._layer_graph import LayerGraph, layer_graph
 from jaxckpt.plan._max_seq import MaxSeqAnswer, SeqPlan, describe_max_seq, max_seq

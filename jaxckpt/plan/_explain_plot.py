@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from jaxckpt._sizes import format_bytes
-from jaxckpt.plan._explain import KINDS, Explanation
+from jaxckpt.plan._buffer_categories import KINDS
+from jaxckpt.plan._explain import Explanation
 
 PLOT_SUFFIXES = (".html", ".png")
 """The files ``save_timeline`` writes."""
