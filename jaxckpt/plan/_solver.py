@@ -173,8 +173,11 @@ def plan_memory(
     No remat at all is taken when it fits. Otherwise the MILP (``solve``) picks the
     tags to save (and, with ``offload``, to offload); the spec is compiled and
     measured, and while XLA needs more than the budget the solver's budget is lowered
-    by the overshoot. As the budget grows the recompute never rises: a larger budget
-    admits every spec a smaller one does.
+    by the overshoot. When XLA needs less than the model predicted for the spec that fit,
+    by more than 5% of the budget, the solver's budget is raised by that error and a
+    cheaper spec is compiled (``LOOSENING_ATTEMPTS`` at most), kept where it fits too. As
+    the budget grows the recompute does not rise: a larger budget admits every spec a
+    smaller one does (``tests/plan/test_plan_solver.py`` sweeps it).
 
     Args:
         workload: the step. Over ``workload.devices`` (FSDP, ``mesh="fsdp=D"``) the plan
