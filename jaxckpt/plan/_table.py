@@ -164,9 +164,10 @@ class PresetTable:
                 "step_bytes_estimate": moved,
                 "roofline_seconds": roofline_seconds(flops, moved, device_preset(self.device)),
             }
-        result["attempts"] = [  # every spec the planner compiled, in order
+        result["attempts"] = [  # every spec the planner compiled, in order; "chosen": the plan's
             {
                 "remat": _name(s),
+                "chosen": s == c.spec,
                 "predicted_bytes": int(p.total),
                 "measured_bytes": int(m.peak),
                 "measured_on": m.measured_on,
