@@ -52,6 +52,7 @@ import importlib.util
 
 import jax
 import pytest
+from gc_tuning import tune_gc
 from hypothesis import HealthCheck, Phase, settings
 
 # import jaxckpt chooses the CPU platform with the gpu-aot extra on a machine without a GPU
@@ -63,6 +64,8 @@ jax.config.update(
     "jax_persistent_cache_min_compile_time_secs",
     float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
 )
+
+tune_gc()  # gc_tuning.py: about a fifth of each trace was the garbage collector's
 
 # House style: an implicit rank promotion is a bug (it hides axis mix-ups).
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -277,6 +277,9 @@ def run_forked(request: dict) -> None:
 
 
 if __name__ == "__main__":
+    from gc_tuning import tune_gc  # beside this file
+
+    tune_gc()
     if sys.argv[1:2] == ["serve"]:
         serve(sys.argv[2:])
     else:

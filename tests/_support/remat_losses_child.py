@@ -32,6 +32,9 @@ def main(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
+    from gc_tuning import tune_gc  # beside this file
+
+    tune_gc()
     source, out = sys.argv[1:]
     with open(source) as f:
         result = main(json.load(f))
