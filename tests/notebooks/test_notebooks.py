@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gc_tuning import DEFAULT_THRESHOLD
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
@@ -129,10 +130,11 @@ def kernel():
     km.shutdown_kernel(now=True)
 
 
-RESET = '%reset -f\n__import__("gc").freeze()'
+RESET = f'%reset -f\n__import__("gc").freeze()\n__import__("gc").set_threshold({DEFAULT_THRESHOLD}, 20, 100)'
 """Empties the namespace (``%reset`` collects the garbage), then moves what survives (the modules
 and their objects) out of the collector's reach: each later collection, and the next reset's,
-walks only what the notebook made, not the whole kernel's heap (JAX, Flax, torch, transformers)."""
+walks only what the notebook made, not the whole kernel's heap (JAX, Flax, torch, transformers).
+The youngest generation is then collected as seldom as in the test processes (``gc_tuning.py``)."""
 
 
 def with_reset(nb):

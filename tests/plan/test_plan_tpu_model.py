@@ -50,8 +50,9 @@ CASES = {
     # the stored residuals dominate (no remat): at B=8, T=1024 measured 155.57 MiB, 4.33 of
     # them arguments (3.07 MiB of state values), 159.51 predicted. Under ``full`` the working
     # set and the layer inputs are in v5e's VMEM (``test_tpu_vmem_rule_against_buffer_assignment``
-    # at T=512: 15.12 MiB predicted, 14.15 measured; at 1024: 15.13 and 14.46); on v5p, whose scratch (48 MiB) is below the working
-    # set (65 MiB), the model takes the whole scratch off it where XLA:TPU fills about 20 MiB:
+    # at T=512: 15.12 MiB predicted, 14.15 measured; at 1024: 15.13 and 14.46); on v5p, whose
+    # scratch (48 MiB) is below the working set (65 MiB), the model takes the whole scratch off it
+    # where XLA:TPU fills about 20 MiB:
     # 39.87 predicted, 81.85 measured (-51%, not a case here). At B=4, T=512 even the stored
     # residuals (42 MiB) of a step without remat are in VMEM: 11 MiB measured, 45 predicted.
     "llama-bf16-none": (ODD, 8, 1024, "none"),
