@@ -62,6 +62,7 @@ def test_json_on_a_trained_checkpoint_equals_the_python_api(trained, capsys):
     assert out["completion"] == tok.decode([i for i in out["new_token_ids"] if i < 256])
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_sampling_flags_and_text_output(trained, capsys):
     flags = (str(trained), "--prompt", "abc", "--max-new-tokens", "4", "--temperature", "0.8")
     flags += ("--top-k", "7", "--top-p", "0.9", "--seed", "5")

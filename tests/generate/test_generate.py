@@ -299,6 +299,7 @@ def test_greedy_equals_transformers(hf_models, family):
     assert ours.finish_reason == "length"
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 @pytest.mark.torch
 def test_longrope_is_prefilled_unpadded_and_again_where_transformers_drops_its_cache(hf_models):
     torch_model, path = hf_models["phi3"]  # original_max_position_embeddings=8

@@ -20,6 +20,10 @@ CASES = {
     "phi3": ("phi3-mini", dict(n_layers=2, rotary_fraction=0.4, sliding_window=5, n_kv_heads=3)),
     "smollm3": ("tiny", dict(family="smollm3", n_layers=2, layer_pattern=("full", "full_nope"))),
 }
+CASE_PARAMS = [
+    pytest.param(case, marks=pytest.mark.slow) if case == "gemma2" else case for case in sorted(CASES)
+]
+"""The cases as test parameters: Gemma 2's two tests take 2 s or more with the compile cache warm."""
 
 
 def _model(case: str) -> nn.Transformer:
@@ -36,7 +40,7 @@ def _docs(lengths, seed=0):
     return [jnp.asarray(rng.integers(0, SIZES["vocab_size"], (1, n)), jnp.int32) for n in lengths]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_packed_row_equals_each_document_alone(case):
     model = _model(case)
     lengths = (5, 7, 3)
@@ -58,7 +62,7 @@ def test_packed_row_equals_each_document_alone(case):
         start += n
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_prefill_and_decode_equal_the_full_forward(case):
     model = _model(case)
     (tokens,) = _docs((9,), seed=1)

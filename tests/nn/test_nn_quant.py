@@ -166,7 +166,7 @@ def test_bad_input_names_the_argument():
         nn.quantize_params({"p": {"kernel": np.ones((3, 4))}}, like, "nf4")
 
 
-@pytest.mark.parametrize("kind", ["nf4", "int8"])
+@pytest.mark.parametrize("kind", [pytest.param("nf4", marks=pytest.mark.slow), "int8"])  # nf4: 2.9 s warm
 def test_the_quantized_model_is_the_base_with_its_dequantized_kernels(kind):
     """Every block projection is quantized (the head and embedding are not) and stored
     outside ``nnx.Param``; the model computes what the unquantized LoRA model computes with

@@ -152,6 +152,7 @@ def test_bad_new_fields_are_named(fields, match):
         make_workload(LORA, **fields)
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_host_master_weights_are_priced_and_compiled():
     """The masters leave the device (predicted and compiled: ``tests/train/test_train_master.py``
     checks the accuracy on ``small``); the device holds their 16-bit copies."""

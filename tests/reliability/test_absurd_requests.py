@@ -61,6 +61,7 @@ def _refused(argv: list[str], capsys) -> str:
     return err.strip()
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_the_counter_sees_a_compile(compile_count):
     assert compile_count() == 0
     (jnp.arange(3) * 2).block_until_ready()  # compiled before by other tests: cleared, so compiled again

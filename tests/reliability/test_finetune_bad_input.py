@@ -50,6 +50,7 @@ def test_a_jsonl_line_that_is_not_json_names_file_and_line(model_dir, tmp_path, 
     assert "bad.jsonl:3: not JSON" in _error(capsys, _eval(model_dir, bad))
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_a_record_without_the_fields_names_them_and_the_shapes(model_dir, tmp_path, capsys):
     bad = tmp_path / "fields.jsonl"
     bad.write_text('{"text": "fine"}\n{"body": "no"}\n')

@@ -300,6 +300,7 @@ def test_eval_refuses_a_corrupted_jsonl_file(mutation, rng, pristine, work):
     _eval_error(pristine("orbax"), data / "data.jsonl", names)
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 @settings(max_examples=8, deadline=None)
 @given(mutation=st.sampled_from(["truncate", "columns"]), rng=RANDOMS)
 def test_eval_refuses_a_corrupted_parquet_file(mutation, rng, pristine, work):

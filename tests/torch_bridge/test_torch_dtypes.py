@@ -86,6 +86,7 @@ def test_mixed_logits_are_the_fp32_logits_within_bf16_tolerance(mixed_dir):
     assert diff <= TOLERANCES["bfloat16"] * max(1.0, np.abs(ours32).max()), diff
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_a_mixed_model_trains_and_keeps_its_dtypes(mixed_dir):
     trainer = train.Trainer(torch_bridge.load_hf(mixed_dir), remat="full")
     batch = jnp.asarray(tm.tokens(batch=2, length=10, seed=1)[None], jnp.int32)  # [M=1, B=2, T+1=10]

@@ -51,6 +51,7 @@ def test_packed_resume_continues_on_exactly_the_uninterrupted_batches(files, tmp
     assert whole.data == rest.data  # the counts continue across the resume
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_eval_every_records_the_evaluations_everywhere(files, tmp_path):
     data = {"eval_split": 0.2, "eval_every": 2}
     run = train.train(_config(), _run(files, steps=5, data=data, checkpoint={"dir": tmp_path}))

@@ -109,6 +109,7 @@ def test_resume_continues_the_scale_and_the_skip_count(tmp_path):
     assert (resumed.skipped_steps, resumed.loss_scale) == (5, 2.0**35)  # not 2**38: the scale was restored
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_float16_params_train_with_float32_moments():
     cfg = CFG.replace(param_dtype="float16")
     trainer = train.Trainer(

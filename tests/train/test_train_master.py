@@ -118,6 +118,7 @@ def test_a_resumed_run_with_host_masters_ends_as_the_uninterrupted_one(tmp_path)
     assert resumed.to_dict()["optimizer"]["offload_master"] is True
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_the_evaluator_computes_with_device_copies():
     host = _four_steps(True)[0]
     docs = [Example(np.arange(n, dtype=np.int32), np.ones(n, bool)) for n in (5, 7)]

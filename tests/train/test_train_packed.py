@@ -133,6 +133,7 @@ def test_packed_micro_batches_weigh_every_target_alike():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_trainer_steps_on_packed_batches():
     graphdef, params, rest = _split("llama")
     trainer = train.Trainer(nnx.merge(graphdef, params, rest))
@@ -160,6 +161,7 @@ def test_packed_batches_shard_over_a_mesh_with_the_same_losses():
         np.testing.assert_allclose(float(sharded.step(batch)), float(single.step(batch)), rtol=1e-5)
 
 
+@pytest.mark.slow  # 2 s or more with the compile cache warm
 def test_chunked_logits_give_the_same_loss_and_grads(monkeypatch):
     """Over ``CHUNK_LOGITS_BYTES`` the packed loss runs the head a chunk of positions at a
     time, each chunk's gradient taken in the forward pass: the same loss and gradients."""
