@@ -21,7 +21,12 @@ DEFAULT_THRESHOLD = 50_000
 """Allocations between two collections of the youngest generation (Python's default: 700)."""
 
 
+def thresholds() -> tuple[int, int, int]:
+    """``gc.set_threshold``'s arguments: the youngest generation's from the environment."""
+    return int(os.environ.get("JAXCKPT_TEST_GC_THRESHOLD", DEFAULT_THRESHOLD)), 20, 100
+
+
 def tune_gc() -> None:
     """Freezes the objects alive now and collects the youngest generation less often."""
     gc.freeze()
-    gc.set_threshold(int(os.environ.get("JAXCKPT_TEST_GC_THRESHOLD", DEFAULT_THRESHOLD)), 20, 100)
+    gc.set_threshold(*thresholds())

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gc_tuning import DEFAULT_THRESHOLD
+from gc_tuning import thresholds
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
@@ -130,7 +130,7 @@ def kernel():
     km.shutdown_kernel(now=True)
 
 
-RESET = f'%reset -f\n__import__("gc").freeze()\n__import__("gc").set_threshold({DEFAULT_THRESHOLD}, 20, 100)'
+RESET = f'%reset -f\n__import__("gc").freeze()\n__import__("gc").set_threshold{thresholds()}'
 """Empties the namespace (``%reset`` collects the garbage), then moves what survives (the modules
 and their objects) out of the collector's reach: each later collection, and the next reset's,
 walks only what the notebook made, not the whole kernel's heap (JAX, Flax, torch, transformers).
